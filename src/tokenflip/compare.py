@@ -1,0 +1,171 @@
+"""Compare two cells that differ in one axis: per prompt, where the token streams part
+and how far the logits had drifted before; per pair, rates with intervals and tests.
+
+Two cells are only compared when their provenance agrees on everything but the axis
+being compared; otherwise the comparison would measure something else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from . import stats, storage
+from .plan import Pair
+
+# Provenance fields that legitimately differ between two cells of one run.
+_FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "wall_seconds", "schema_version"}
+
+
+class ComparabilityError(ValueError):
+    pass
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
+
+
+def check_comparable(meta_a: dict, meta_b: dict, axis: str, path_a: Any, path_b: Any) -> None:
+    """Raise naming both files and the first differing field unless the two cells differ
+    only in `axis`."""
+    cell_a, cell_b = meta_a.get("cell", {}), meta_b.get("cell", {})
+    differing_axes = sorted(k for k in set(cell_a) | set(cell_b) if cell_a.get(k) != cell_b.get(k))
+    if differing_axes != [axis]:
+        raise ComparabilityError(
+            f"{path_a} and {path_b} differ in axes {differing_axes}, expected exactly [{axis!r}]")
+    flat_a = {k: v for k, v in _flatten(meta_a).items() if k.split(".")[0] not in _FREE_FIELDS}
+    flat_b = {k: v for k, v in _flatten(meta_b).items() if k.split(".")[0] not in _FREE_FIELDS}
+    allowed = {f"settings.cell.{axis}"}
+    if axis == "decoding":
+        allowed.add("settings.decoding")
+    if axis == "intervention":
+        allowed.add("settings.intervention")
+    for key in sorted(set(flat_a) | set(flat_b)):
+        if any(key == p or key.startswith(p + ".") for p in allowed):
+            continue
+        if flat_a.get(key) != flat_b.get(key):
+            raise ComparabilityError(
+                f"{path_a} and {path_b} are not comparable on axis {axis!r}: provenance field "
+                f"{key!r} differs ({flat_a.get(key)!r} vs {flat_b.get(key)!r})")
+
+
+def _shared_topk_max_delta(ids_a: np.ndarray, logits_a: np.ndarray, ids_b: np.ndarray,
+                           logits_b: np.ndarray) -> np.ndarray:
+    """Per step, max |Δlogit| over token ids present in both top-k lists (nan if none)."""
+    same = ids_a[:, :, None] == ids_b[:, None, :]
+    delta = np.abs(logits_a[:, :, None].astype(np.float64) - logits_b[:, None, :].astype(np.float64))
+    delta = np.where(same, delta, -np.inf).max(axis=(1, 2))
+    return np.where(np.isinf(delta), np.nan, delta)
+
+
+def _steps(col: pa.ChunkedArray, i: int, k: int) -> np.ndarray:
+    values = col[i].values.flatten().to_numpy(zero_copy_only=False)
+    return values.reshape(-1, k)
+
+
+def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
+    """Per-prompt comparison of two cell tables (rows matched by prompt id)."""
+    index_b = {pid: i for i, pid in enumerate(b.column("prompt_id").to_pylist())}
+    rows: dict[str, list] = {name: [] for name in (
+        "prompt_id", "identical", "first_div_step", "steps_compared", "n_tokens_a", "n_tokens_b",
+        "logit_diff_before_div", "max_abs_dlogit_before_div", "dlogit_at_div", "margin_a_at_div",
+        "margin_b_at_div", "correct_a", "correct_b", "extracted_a", "extracted_b", "same_answer")}
+    ids_a_col, logit_a_col = a.column("top_ids"), a.column("top_logits")
+    ids_b_col, logit_b_col = b.column("top_ids"), b.column("top_logits")
+    for i, pid in enumerate(a.column("prompt_id").to_pylist()):
+        if pid not in index_b:
+            raise ComparabilityError(f"prompt {pid!r} is in one cell but not the other")
+        j = index_b[pid]
+        tok_a = np.asarray(a.column("token_ids")[i].as_py(), dtype=np.int64)
+        tok_b = np.asarray(b.column("token_ids")[j].as_py(), dtype=np.int64)
+        n = min(len(tok_a), len(tok_b))
+        mismatch = np.nonzero(tok_a[:n] != tok_b[:n])[0]
+        identical = len(tok_a) == len(tok_b) and mismatch.size == 0
+        first_div = None if identical else int(mismatch[0]) if mismatch.size else n
+        # Steps up to and including the divergence step share their context, so their
+        # logits are comparable; after it the two runs condition on different tokens.
+        shared = n if first_div is None else min(first_div + 1, n)
+        delta = _shared_topk_max_delta(_steps(ids_a_col, i, k)[:shared], _steps(logit_a_col, i, k)[:shared],
+                                       _steps(ids_b_col, j, k)[:shared], _steps(logit_b_col, j, k)[:shared])
+        before = delta if first_div is None else delta[:first_div]
+        max_before = float(np.nanmax(before)) if before.size and not np.all(np.isnan(before)) else 0.0
+        at_div = first_div is not None and first_div < n
+        margin_a = a.column("margin")[i].as_py()
+        margin_b = b.column("margin")[j].as_py()
+        ex_a, ex_b = a.column("extracted")[i].as_py(), b.column("extracted")[j].as_py()
+        rows["prompt_id"].append(pid)
+        rows["identical"].append(identical)
+        rows["first_div_step"].append(first_div)
+        rows["steps_compared"].append(shared)
+        rows["n_tokens_a"].append(len(tok_a))
+        rows["n_tokens_b"].append(len(tok_b))
+        rows["logit_diff_before_div"].append(max_before > 0)
+        rows["max_abs_dlogit_before_div"].append(max_before)
+        rows["dlogit_at_div"].append(float(delta[first_div]) if at_div else None)
+        rows["margin_a_at_div"].append(float(margin_a[first_div]) if at_div else None)
+        rows["margin_b_at_div"].append(float(margin_b[first_div]) if at_div else None)
+        rows["correct_a"].append(a.column("correct")[i].as_py())
+        rows["correct_b"].append(b.column("correct")[j].as_py())
+        rows["extracted_a"].append(ex_a)
+        rows["extracted_b"].append(ex_b)
+        rows["same_answer"].append(ex_a is not None and ex_a == ex_b)
+    return pa.table(rows)
+
+
+def summarize(per_prompt: pa.Table) -> dict[str, Any]:
+    """Pair-level numbers: divergence rate with a Wilson 95% interval, first-divergence
+    steps, logit drift, accuracy of both sides and an exact McNemar test."""
+    df = per_prompt.to_pandas()
+    n = len(df)
+    diverged = int((~df["identical"]).sum())
+    lo, hi = stats.wilson(diverged, n)
+    first = df["first_div_step"].dropna()
+    acc_a = df["correct_a"].fillna(False).astype(bool)
+    acc_b = df["correct_b"].fillna(False).astype(bool)
+    nonequiv = int(df["logit_diff_before_div"].sum())
+    return {
+        "n_prompts": n,
+        "n_diverged": diverged,
+        "divergence_rate": diverged / n if n else float("nan"),
+        "divergence_ci_low": lo,
+        "divergence_ci_high": hi,
+        "n_logit_diff_before_div": nonequiv,
+        "logit_diff_rate": nonequiv / n if n else float("nan"),
+        "max_abs_dlogit": float(df["max_abs_dlogit_before_div"].max()) if n else float("nan"),
+        "mean_first_div_step": float(first.mean()) if len(first) else float("nan"),
+        "median_first_div_step": float(first.median()) if len(first) else float("nan"),
+        "accuracy_a": float(acc_a.mean()) if n else float("nan"),
+        "accuracy_b": float(acc_b.mean()) if n else float("nan"),
+        "mcnemar_p": stats.mcnemar_exact(acc_a.to_numpy(), acc_b.to_numpy()),
+        "semantic_agreement": float(df["same_answer"].mean()) if n else float("nan"),
+    }
+
+
+def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: str | Path) -> dict[str, Any]:
+    """Compare two cell files and write the per-prompt table with the pair summary."""
+    meta_a = storage.read_metadata(path_a)
+    meta_b = storage.read_metadata(path_b)
+    check_comparable(meta_a, meta_b, pair.axis, path_a, path_b)
+    table_a, _ = storage.read_table(path_a)
+    table_b, _ = storage.read_table(path_b)
+    k = int(meta_a["settings"]["record_top_k"])
+    per_prompt = compare_tables(table_a, table_b, k)
+    summary = summarize(per_prompt)
+    metadata = {
+        "kind": "pair",
+        "pair": {"id": pair.id, "label": pair.label, "axis": pair.axis,
+                 "a": pair.a.as_dict(), "b": pair.b.as_dict(), "context": pair.context},
+        "cells": {"a": meta_a["cell_id"], "b": meta_b["cell_id"]},
+        "digests": {"a": meta_a["token_stream_sha256"], "b": meta_b["token_stream_sha256"]},
+        "summary": summary,
+    }
+    storage.write_table(per_prompt, out_path, metadata)
+    return metadata

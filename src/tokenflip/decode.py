@@ -1,0 +1,152 @@
+"""Our own decode loop over the model's forward pass.
+
+It reproduces `transformers` `generate()` token for token and logit for logit (greedy,
+cache on and off, left-padded batches): same inputs per step (prefill then one token with
+a DynamicCache, or the whole prefix every step without a cache), same position ids,
+same mask handling, same fp32 copy of the last-position logits. Owning the loop is what
+lets probes and interventions run the exact computation of free generation, and lets us
+record per-step statistics without changing it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+# (fp32 logits [B, V], step) -> chosen token ids [B]
+TokenSelector = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def greedy(logits: torch.Tensor, step: int) -> torch.Tensor:
+    return torch.argmax(logits, dim=-1)
+
+
+@dataclass
+class Generation:
+    """One prompt's completion with its per-step record (one entry per generated token)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    top_ids: list[np.ndarray] = field(default_factory=list)
+    top_logits: list[np.ndarray] = field(default_factory=list)
+    margin: list[float] = field(default_factory=list)
+    logsumexp: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    finish_reason: str = "length"
+
+
+@dataclass
+class BatchResult:
+    generations: list[Generation]
+    wall_seconds: float
+    steps: int
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists into (input_ids, attention_mask), as decoder-only generation expects."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if len(seq):
+            ids[row, width - len(seq):] = torch.tensor(list(seq), dtype=torch.long)
+            mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+def step_statistics(logits: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    """Top-k ids and logits, top-1 minus top-2 margin, logsumexp and entropy of fp32 logits."""
+    top = torch.topk(logits, k=min(k, logits.shape[-1]), dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits - lse[:, None]
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return {"top_ids": top.indices, "top_logits": top.values,
+            "margin": top.values[:, 0] - top.values[:, 1], "logsumexp": lse, "entropy": entropy}
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config.get_text_config(decoder=True))
+
+
+@torch.inference_mode()
+def decode(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    use_cache: bool,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    record_top_k: int = 16,
+    select: TokenSelector = greedy,
+) -> BatchResult:
+    """Generate for one left-padded batch and record every step of every row.
+
+    Finished rows keep receiving `pad_token_id` (as `generate()` does) so that the batch
+    shape, and therefore the arithmetic of the other rows, is what users run.
+    """
+    device = model.device
+    input_ids = input_ids.to(device)
+    attention_mask = attention_mask.to(device)
+    batch = input_ids.shape[0]
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    position_ids = position_ids.masked_fill(attention_mask == 0, 0)
+    # generate() drops an all-ones mask, which selects a different attention path.
+    mask = None if bool((attention_mask == 1).all()) else attention_mask
+    cache = _new_cache(model) if use_cache else None
+    eos = torch.tensor(sorted(set(eos_token_ids)), device=device)
+    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    generations = [Generation() for _ in range(batch)]
+    ids = input_ids
+    start = time.perf_counter()
+    steps = 0
+    for step in range(max_new_tokens):
+        if use_cache and step > 0:
+            step_ids, step_pos = ids[:, -1:], position_ids[:, -1:]
+        else:
+            step_ids, step_pos = ids, position_ids
+        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, cache=cache,
+                    use_cache=use_cache, logits_to_keep=1, return_dict=True)
+        if use_cache:
+            cache = out.cache
+        logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
+        del out
+        chosen = select(logits, step)
+        _record(generations, logits, chosen, unfinished, record_top_k)
+        chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_token_id))
+        ids = torch.cat([ids, chosen[:, None]], dim=-1)
+        position_ids = torch.cat([position_ids, position_ids[:, -1:] + 1], dim=-1)
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
+        steps += 1
+        hit_eos = torch.isin(chosen, eos) & unfinished
+        for row in torch.nonzero(hit_eos).flatten().tolist():
+            generations[row].finish_reason = "eos"
+        unfinished &= ~hit_eos
+        if not bool(unfinished.any()):
+            break
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return BatchResult(generations, time.perf_counter() - start, steps)
+
+
+def _record(generations: list[Generation], logits: torch.Tensor, chosen: torch.Tensor,
+            unfinished: torch.Tensor, k: int) -> None:
+    stats = {name: t.cpu() for name, t in step_statistics(logits, k).items()}
+    chosen = chosen.cpu().tolist()
+    active = unfinished.cpu().tolist()
+    for row, gen in enumerate(generations):
+        if not active[row]:
+            continue
+        gen.token_ids.append(int(chosen[row]))
+        gen.top_ids.append(stats["top_ids"][row].numpy().astype(np.int32))
+        gen.top_logits.append(stats["top_logits"][row].numpy().astype(np.float32))
+        gen.margin.append(float(stats["margin"][row]))
+        gen.logsumexp.append(float(stats["logsumexp"][row]))
+        gen.entropy.append(float(stats["entropy"][row]))

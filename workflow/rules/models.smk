@@ -1,0 +1,12 @@
+# Each model is prepared once (downloaded or dequantised, saved as safetensors).
+
+
+rule prepare_model:
+    output:
+        directory("resources/models/{model}"),
+    params:
+        spec=model_spec_json,
+    log:
+        "logs/prepare_model/{model}.log",
+    shell:
+        "tokenflip prepare-model --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
