@@ -97,7 +97,7 @@ def build_model(spec: dict[str, Any]):
         path = _package_file(spec["package"], spec["file"])
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                      dtype=torch.float32)
-        return model, _load_tokenizer(spec)
+        return _forget_gguf_quantization(model), _load_tokenizer(spec)
     if source == "hf":
         model = AutoModelForCausalLM.from_pretrained(
             spec["id"], revision=spec.get("revision"), dtype=torch.float32,
@@ -122,6 +122,17 @@ def build_model(spec: dict[str, Any]):
             torch.random.set_rng_state(generator_state)
         return model, tokenizer
     raise ModelError(f"unknown model source {source!r}")
+
+
+def _forget_gguf_quantization(model):
+    """transformers dequantises GGUF tensors to plain fp32 on load but keeps a GGUF
+    quantizer attached, which refuses to save. The weights are ordinary tensors: drop it."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if getattr(model, "is_quantized", False):
+        model.is_quantized = False
+    return model
 
 
 def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:

@@ -1,9 +1,14 @@
 # Target lists and per-job lookups. Every per-cell setting reaches a job through a lookup
 # on its wildcards, so adding a model or a benchmark adds jobs without touching old ones.
 import json
+import shlex
+import sys
 
 from tokenflip.plan import Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards
 
+# The rules run the package with the interpreter that runs Snakemake, so a job always
+# uses the same installation (and versions) as the scheduler, locally or on a cluster.
+TOKENFLIP = f"{shlex.quote(sys.executable)} -m tokenflip"
 RUN = config["run"]
 CELLS = expand_cells(config)
 PAIRS = expand_pairs(config, CELLS)

@@ -11,4 +11,4 @@ rule compare:
     log:
         f"logs/{RUN}/compare/{{model}}/{{benchmark}}/{{axis}}/{{a}}_vs_{{b}}/{{context}}.log",
     shell:
-        "tokenflip compare {input.a:q} {input.b:q} --pair-id {params.pair:q} --out {output:q} > {log:q} 2>&1"
+        "{TOKENFLIP} compare {input.a:q} {input.b:q} --pair-id {params.pair:q} --out {output:q} > {log:q} 2>&1"

@@ -14,5 +14,5 @@ rule generate:
     resources:
         gpu=1,
     shell:
-        "tokenflip generate --settings {params.settings:q} --model-dir {input.model:q} "
+        "{TOKENFLIP} generate --settings {params.settings:q} --model-dir {input.model:q} "
         "--out {output:q} > {log:q} 2>&1"

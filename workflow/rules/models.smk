@@ -9,4 +9,4 @@ rule prepare_model:
     log:
         "logs/prepare_model/{model}.log",
     shell:
-        "tokenflip prepare-model --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
+        "{TOKENFLIP} prepare-model --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"

@@ -13,7 +13,7 @@ rule summarize:
     log:
         f"logs/{RUN}/summarize.log",
     shell:
-        "tokenflip summarize --config-json {params.config:q} --results {params.results:q} "
+        "{TOKENFLIP} summarize --config-json {params.config:q} --results {params.results:q} "
         "--out-dir {SUMMARY_DIR:q} > {log:q} 2>&1"
 
 
@@ -27,4 +27,4 @@ rule report:
     log:
         f"logs/{RUN}/report.log",
     shell:
-        "tokenflip report --config-json {params.config:q} --summary-dir {SUMMARY_DIR:q} --out {output:q} > {log:q} 2>&1"
+        "{TOKENFLIP} report --config-json {params.config:q} --summary-dir {SUMMARY_DIR:q} --out {output:q} > {log:q} 2>&1"

@@ -1,0 +1,5 @@
+import sys
+
+from tokenflip.cli import main
+
+sys.exit(main())

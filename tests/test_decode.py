@@ -1,0 +1,126 @@
+"""The decode loop equals transformers generate() token for token and logit for logit.
+
+This is the anchor of every measurement: if our loop differed from generate(), a
+divergence we report could be our own artefact instead of what users run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenflip.benchmarks import build_benchmark
+from tokenflip.cell import eos_ids, prompt_token_ids
+from tokenflip.decode import decode, greedy, left_pad, step_statistics
+from tokenflip.models import load_prepared
+
+PROMPTS = ["Tom has 3 apples and buys 4 more. How many apples does he have?",
+           "A box holds 12 eggs. How many eggs are in 5 boxes?",
+           "Sara reads 7 pages a day. How many pages does she read in 9 days?",
+           "x"]
+
+
+def _inputs(tokenizer, n: int):
+    bench = build_benchmark("arithmetic", {"kind": "arithmetic", "n": n, "seed": 3})
+    prompts = [prompt_token_ids(tokenizer, bench.messages(item)) for item in bench.items()]
+    # Different lengths, so that batches are really left-padded.
+    prompts[-1] = prompts[-1][: len(prompts[-1]) // 2]
+    return left_pad(prompts, tokenizer.pad_token_id)
+
+
+def _capture():
+    seen: list[torch.Tensor] = []
+
+    def select(logits, step):
+        seen.append(logits.clone())
+        return greedy(logits, step)
+
+    return seen, select
+
+
+def _check_equal(model, tokenizer, batch_size: int, use_cache: bool, max_new_tokens: int):
+    ids, mask = _inputs(tokenizer, 4)
+    ids, mask = ids[:batch_size], mask[:batch_size]
+    if batch_size == 1:  # a single unpadded prompt, as users send it
+        keep = mask[0].bool()
+        ids, mask = ids[:, keep], mask[:, keep]
+    eos = eos_ids(model, tokenizer)
+    seen, select = _capture()
+    ours = decode(model, ids, mask, max_new_tokens=max_new_tokens, use_cache=use_cache,
+                  eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, select=select)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                         do_sample=False, use_cache=use_cache, eos_token_id=eos,
+                         pad_token_id=tokenizer.pad_token_id, output_logits=True,
+                         return_dict_in_generate=True)
+    assert ours.steps == len(ref.logits)
+    for step, (mine, theirs) in enumerate(zip(seen, ref.logits)):
+        assert torch.equal(mine, theirs), f"logits differ at step {step}"
+    for row, gen in enumerate(ours.generations):
+        expected = ref.sequences[row, ids.shape[1]:].tolist()
+        n = len(gen.token_ids)
+        assert gen.token_ids == expected[:n]
+        assert all(t == tokenizer.pad_token_id for t in expected[n:])
+        if gen.finish_reason == "eos":
+            assert gen.token_ids[-1] in eos
+        else:
+            assert n == max_new_tokens
+    return ours
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
+def test_equals_generate_on_tiny_models(prepared_models, arch, precision, batch_size, use_cache):
+    model, tokenizer, _ = load_prepared(prepared_models(arch), precision, "cpu")
+    # Long enough to pass the 16-token sliding window of the tiny mistral and gemma2.
+    _check_equal(model, tokenizer, batch_size, use_cache, max_new_tokens=24)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_equals_generate_on_smollm2(prepared_models, precision, batch_size, use_cache):
+    model, tokenizer, _ = load_prepared(prepared_models("smollm2"), precision, "cpu")
+    ours = _check_equal(model, tokenizer, batch_size, use_cache, max_new_tokens=12)
+    # A real model writes text, not noise: the first words of the answer are readable.
+    text = tokenizer.decode(ours.generations[0].token_ids, skip_special_tokens=True)
+    assert sum(ch.isalpha() for ch in text) > 5, text
+
+
+def test_recording_does_not_change_the_computation(prepared_models):
+    model, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    ids, mask = _inputs(tokenizer, 4)
+    eos = eos_ids(model, tokenizer)
+    runs = []
+    for k in (2, 64):
+        seen, select = _capture()
+        result = decode(model, ids, mask, max_new_tokens=10, use_cache=True, eos_token_ids=eos,
+                        pad_token_id=tokenizer.pad_token_id, record_top_k=k, select=select)
+        runs.append((seen, result))
+    (seen_a, res_a), (seen_b, res_b) = runs
+    assert all(torch.equal(x, y) for x, y in zip(seen_a, seen_b))
+    assert [g.token_ids for g in res_a.generations] == [g.token_ids for g in res_b.generations]
+    # and the recorded top-k agrees with the full logits of the step
+    first = res_b.generations[0]
+    full = seen_b[0][0]
+    assert first.top_ids[0][0] == int(torch.argmax(full))
+    assert first.top_logits[0][0] == pytest.approx(float(full.max()), abs=0)
+
+
+def test_step_statistics_values():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]])
+    s = step_statistics(logits, k=3)
+    assert s["top_ids"][0].tolist() == [0, 1, 2]
+    assert s["margin"].tolist() == [1.0, 0.0]
+    assert s["logsumexp"][1].item() == pytest.approx(torch.log(torch.tensor(4.0)).item(), abs=1e-6)
+    assert s["entropy"][1].item() == pytest.approx(torch.log(torch.tensor(4.0)).item(), abs=1e-6)
+    p = torch.softmax(logits[0], -1)
+    assert s["entropy"][0].item() == pytest.approx(float(-(p * p.log()).sum()), abs=1e-6)
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
