@@ -15,6 +15,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/generate.smk"
 include: "workflow/rules/compare.smk"
+include: "workflow/rules/probe.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -29,6 +29,7 @@ def write_config(workdir: Path, models: dict) -> Path:
         "grids": [{"precision": ["fp32", "bf16"], "cache": ["on", "off"], "batch_size": [1]}],
         "comparisons": [{"axis": "cache", "a": "on", "b": "off"},
                         {"axis": "precision", "a": "fp32", "b": "bf16"}],
+        "probes": {"kv_cache": {"prompts": 1, "precisions": ["fp32", "bf16"], "patch_steps": 1}},
     }
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -103,6 +104,11 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
     parser.feed(report.read_text())
     assert parser.rates == {p["pair_id"]: f"{100 * p['divergence_rate']:.1f}%" for p in pairs}
 
+    # The KV-cache probe ran and its section is in the report.
+    kv_steps = pq.read_table(tmp_path / "results" / "wf" / "summary" / "kv_steps.parquet").to_pandas()
+    assert set(kv_steps["precision"]) == {"fp32", "bf16"} and len(kv_steps) == 12
+    assert 'id="kv-cache"' in report.read_text()
+
     # fp32 with and without the cache agree token for token on this model.
     fp32 = next(p for p in pairs if p["axis"] == "cache" and p["context"].startswith("fp32"))
     assert fp32["n_diverged"] == 0 and fp32["max_abs_dlogit"] < 1e-4
@@ -115,6 +121,17 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
     config = write_config(tmp_path, {"tiny-llama": MODEL_A, "tiny-mistral": MODEL_B})
     jobs = scheduled_jobs(snakemake(tmp_path, config, "-n").stdout)
     counts = Counter(rule for rule, _ in jobs)
-    assert counts == {"prepare_model": 1, "generate": 4, "compare": 4, "summarize": 1, "report": 1, "all": 1}
-    outputs = [out for rule, out in jobs if rule in ("prepare_model", "generate", "compare")]
+    assert counts == {"prepare_model": 1, "generate": 4, "compare": 4, "probe": 1, "summarize": 1,
+                      "report": 1, "all": 1}
+    outputs = [out for rule, out in jobs if rule in ("prepare_model", "generate", "compare", "probe")]
     assert all("tiny-mistral" in out for out in outputs), outputs
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("paper-kv-cache.yaml", {"prepare_model": 3, "generate": 24, "compare": 18, "probe": 3,
+                             "summarize": 1, "report": 1, "all": 1}),
+])
+def test_paper_config_dry_run(tmp_path, config, expected):
+    """The paper configs schedule their whole study without a GPU or the hub (dry run)."""
+    proc = snakemake(tmp_path, REPO / "config" / config, "-n")
+    assert Counter(rule for rule, _ in scheduled_jobs(proc.stdout)) == expected

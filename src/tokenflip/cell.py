@@ -16,6 +16,7 @@ from .benchmarks import build_benchmark
 from .decode import decode, left_pad
 from .models import load_prepared
 from .plan import Cell
+from .sampling import make_selector
 
 
 def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -60,9 +61,11 @@ def run_cell(settings: dict[str, Any], model_dir: str | Path, out_path: str | Pa
     for b, batch in enumerate(bar):
         prompts = [prompt_token_ids(tokenizer, bench.messages(item)) for item in batch]
         ids, mask = left_pad(prompts, pad_id)
+        select = make_selector(settings["decoding"], [item.id for item in batch],
+                               int(settings["run_seed"]), model.device)
         result = decode(model, ids, mask, max_new_tokens=int(settings["max_new_tokens"]),
                         use_cache=cell.cache == "on", eos_token_ids=eos, pad_token_id=pad_id,
-                        record_top_k=k)
+                        record_top_k=k, select=select)
         for item, prompt, gen in zip(batch, prompts, result.generations):
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             extracted = bench.extract(text)
@@ -83,8 +86,8 @@ def run_cell(settings: dict[str, Any], model_dir: str | Path, out_path: str | Pa
         "cell": cell.as_dict(),
         "cell_id": cell.id,
         "settings": settings,
-        "model": {k_: manifest[k_] for k_ in ("spec", "architecture", "num_parameters",
-                                              "weights_sha256", "tokenizer_sha256", "source_digest")},
+        "model": {k_: manifest.get(k_) for k_ in ("spec", "architecture", "num_parameters", "weights_sha256",
+                                                  "tokenizer_sha256", "source_digest", "resolved_revision")},
         "benchmark": bench.describe(),
         "eos_token_ids": eos,
         "pad_token_id": pad_id,

@@ -32,6 +32,15 @@ def cmd_generate(args) -> None:
     print(f"{meta['cell_id']}: token-stream sha256 {meta['token_stream_sha256']}")
 
 
+def cmd_probe(args) -> None:
+    from .probes.kv_cache import run_probe
+
+    if args.settings.get("probe") != "kv_cache":
+        raise SystemExit(f"tokenflip probe: unknown probe {args.settings.get('probe')!r}")
+    run_probe(args.settings, args.model_dir, args.out_dir)
+    print(f"probe written to {args.out_dir}")
+
+
 def cmd_compare(args) -> None:
     from .compare import compare_files
     from .plan import Pair
@@ -68,8 +77,10 @@ def _plan(args):
 def cmd_summarize(args) -> None:
     from .summary import write_summaries
 
+    from .plan import probe_targets
+
     config, cells, pairs = _plan(args)
-    write_summaries(cells, pairs, args.results, args.out_dir)
+    write_summaries(cells, pairs, args.results, args.out_dir, probe_targets(config))
 
 
 def cmd_report(args) -> None:
@@ -117,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="cell Parquet file to write")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("probe", help="run a mechanism probe for one model and benchmark")
+    p.add_argument("--settings", type=_json_arg, required=True, help="probe settings as JSON")
+    p.add_argument("--model-dir", required=True, help="prepared model directory")
+    p.add_argument("--out-dir", required=True, help="directory for the probe's Parquet tables")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("compare", help="compare two cell files that differ in one axis")
     p.add_argument("a")

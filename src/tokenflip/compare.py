@@ -75,7 +75,7 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
     """Per-prompt comparison of two cell tables (rows matched by prompt id)."""
     index_b = {pid: i for i, pid in enumerate(b.column("prompt_id").to_pylist())}
     rows: dict[str, list] = {name: [] for name in (
-        "prompt_id", "identical", "first_div_step", "steps_compared", "n_tokens_a", "n_tokens_b",
+        "prompt_id", "identical", "first_div_step", "steps_compared", "steps_logit_diff", "n_tokens_a", "n_tokens_b",
         "logit_diff_before_div", "max_abs_dlogit_before_div", "dlogit_at_div", "margin_a_at_div",
         "margin_b_at_div", "correct_a", "correct_b", "extracted_a", "extracted_b", "same_answer")}
     ids_a_col, logit_a_col = a.column("top_ids"), a.column("top_logits")
@@ -105,6 +105,7 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
         rows["identical"].append(identical)
         rows["first_div_step"].append(first_div)
         rows["steps_compared"].append(shared)
+        rows["steps_logit_diff"].append(int(np.sum(np.nan_to_num(before) > 0)))
         rows["n_tokens_a"].append(len(tok_a))
         rows["n_tokens_b"].append(len(tok_b))
         rows["logit_diff_before_div"].append(max_before > 0)
@@ -139,6 +140,8 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "divergence_ci_high": hi,
         "n_logit_diff_before_div": nonequiv,
         "logit_diff_rate": nonequiv / n if n else float("nan"),
+        "step_logit_diff_rate": _ratio(df["steps_logit_diff"].sum(),
+                                       (df["first_div_step"].fillna(df["steps_compared"])).sum()),
         "max_abs_dlogit": float(df["max_abs_dlogit_before_div"].max()) if n else float("nan"),
         "mean_first_div_step": float(first.mean()) if len(first) else float("nan"),
         "median_first_div_step": float(first.median()) if len(first) else float("nan"),
@@ -147,6 +150,10 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "mcnemar_p": stats.mcnemar_exact(acc_a.to_numpy(), acc_b.to_numpy()),
         "semantic_agreement": float(df["same_answer"].mean()) if n else float("nan"),
     }
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den else float("nan")
 
 
 def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: str | Path) -> dict[str, Any]:

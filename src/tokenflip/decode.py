@@ -25,6 +25,29 @@ def greedy(logits: torch.Tensor, step: int) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
 
 
+def forced(tokens: torch.Tensor) -> TokenSelector:
+    """Teacher forcing: pick the given tokens [B, T] whatever the logits say, so a second
+    configuration replays the first one's trajectory through its own step structure."""
+
+    def select(logits: torch.Tensor, step: int) -> torch.Tensor:
+        return tokens[:, step].to(logits.device)
+
+    return select
+
+
+class StepHooks:
+    """Probe access to each step: `before` may replace the KV cache (patching), `after`
+    sees the forward output (hidden states when requested) and the fp32 logits."""
+
+    hidden_states: bool = False
+
+    def before(self, step: int, cache):
+        return cache
+
+    def after(self, step: int, out, logits: torch.Tensor) -> None:
+        pass
+
+
 @dataclass
 class Generation:
     """One prompt's completion with its per-step record (one entry per generated token)."""
@@ -85,6 +108,7 @@ def decode(
     pad_token_id: int,
     record_top_k: int = 16,
     select: TokenSelector = greedy,
+    hooks: StepHooks | None = None,
 ) -> BatchResult:
     """Generate for one left-padded batch and record every step of every row.
 
@@ -111,11 +135,16 @@ def decode(
             step_ids, step_pos = ids[:, -1:], position_ids[:, -1:]
         else:
             step_ids, step_pos = ids, position_ids
+        if hooks is not None:
+            cache = hooks.before(step, cache)
+        extra = {"output_hidden_states": True} if hooks is not None and hooks.hidden_states else {}
         out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, cache=cache,
-                    use_cache=use_cache, logits_to_keep=1, return_dict=True)
+                    use_cache=use_cache, logits_to_keep=1, return_dict=True, **extra)
         if use_cache:
             cache = out.cache
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
+        if hooks is not None:
+            hooks.after(step, out, logits)
         del out
         chosen = select(logits, step)
         _record(generations, logits, chosen, unfinished, record_top_k)

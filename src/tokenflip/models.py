@@ -158,6 +158,8 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
             "weights_sha256": digest_files(weights, tmp),
             "tokenizer_sha256": digest_files(tokenizer_files, tmp),
             "source_digest": _source_digest(spec),
+            # For hub models: the commit a branch name such as `main` resolved to.
+            "resolved_revision": getattr(model.config, "_commit_hash", None),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         if out_dir.exists():

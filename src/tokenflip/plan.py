@@ -153,3 +153,32 @@ def pair_from_id(pair_id: str) -> Pair:
     model, benchmark, axis, a_vs_b, context = pair_id.split("/")
     a, b = a_vs_b.split("_vs_")
     return pair_from_wildcards(model, benchmark, axis, a, b, context)
+
+
+PROBES = ("kv_cache",)
+
+
+def probe_targets(config: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(probe, model, benchmark) for every configured probe."""
+    return [(probe, model, bench) for probe in PROBES if probe in config.get("probes", {})
+            for model in config["models"] for bench in config["benchmarks"]]
+
+
+def probe_settings(config: dict[str, Any], probe: str, model: str, benchmark: str) -> dict[str, Any]:
+    """Everything one probe job depends on (its own model and benchmark only)."""
+    spec = config["probes"][probe]
+    bench = config["benchmarks"][benchmark]
+    return {
+        "probe": probe,
+        "run_seed": config.get("seed", 0),
+        "model": config["models"][model],
+        "benchmark_name": benchmark,
+        "benchmark": {k: v for k, v in bench.items() if k != "max_new_tokens"},
+        "max_new_tokens": spec.get("max_new_tokens") or bench.get("max_new_tokens",
+                                                                  config["generation"]["max_new_tokens"]),
+        "prompts": spec.get("prompts", 4),
+        "precisions": spec.get("precisions", ["fp32", "fp16"]),
+        "patch_steps": spec.get("patch_steps", 3),
+        "device": config["generation"].get("device", "auto"),
+        "threads": config["generation"].get("threads"),
+    }

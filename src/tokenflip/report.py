@@ -82,6 +82,117 @@ def margin_figure(first_div: pd.DataFrame) -> str | None:
     return _svg(fig)
 
 
+def _read_optional(path: Path) -> pd.DataFrame:
+    return storage.read_table(path)[0].to_pandas() if path.exists() else pd.DataFrame()
+
+
+def kv_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:
+    """Cache ON vs OFF per model × benchmark × decoding × precision × batch size
+    (paper Table: divergence, accuracy ON vs OFF, McNemar)."""
+    if pairs.empty:
+        return []
+    cache = pairs[(pairs["axis"] == "cache") & (pairs["status"] == "done")].copy()
+    if cache.empty:
+        return []
+    parts = cache["context"].str.split("-", expand=True)
+    cache = cache.assign(precision=parts[0], batch_size=parts[2], decoding=parts[3], intervention=parts[4],
+                         accuracy_diff=cache["accuracy_a"] - cache["accuracy_b"])
+    return cache.sort_values(["model", "benchmark", "decoding", "precision", "batch_size"]).to_dict("records")
+
+
+def kv_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The paper's headline claims next to what this run measured."""
+    if not rows:
+        return {}
+    df = pd.DataFrame(rows)
+    out: dict[str, Any] = {"conditions": len(df),
+                           "on_better": int((df["accuracy_diff"] > 0).sum()),
+                           "off_better": int((df["accuracy_diff"] < 0).sum())}
+    for precision in ("fp16", "bf16", "fp32"):
+        sub = df[df["precision"] == precision]
+        if not sub.empty:
+            out[precision] = {"diverged": int(sub["n_diverged"].sum()), "n": int(sub["n_prompts"].sum()),
+                              "nonequiv": int(sub["n_logit_diff_before_div"].sum()),
+                              "max_dlogit": float(sub["max_abs_dlogit"].max())}
+    if "fp16" in out and "fp32" in out and out["fp32"]["max_dlogit"] > 0:
+        out["fp32_reduction"] = out["fp16"]["max_dlogit"] / out["fp32"]["max_dlogit"]
+    return out
+
+
+def kl_figure(steps: pd.DataFrame) -> str | None:
+    """Per-step KL(ON‖OFF) along a shared trajectory, per precision, log scale (paper Fig. 3)."""
+    if steps.empty:
+        return None
+    data = steps.assign(kl_plot=steps["kl"].clip(lower=1e-20))
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    sns.lineplot(data=data, x="step", y="kl_plot", hue="precision", style="model", errorbar=("pi", 100),
+                 estimator="median", ax=ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("KL(ON‖OFF) per step (median, range)")
+    ax.set_xlabel("generated token")
+    return _svg(fig)
+
+
+def flip_kl_figure(steps: pd.DataFrame) -> str | None:
+    """Each step's top-2 margin against its KL, flips marked (paper Fig. 4's decision boundary)."""
+    if steps.empty:
+        return None
+    data = steps.assign(kl_plot=steps["kl"].clip(lower=1e-20),
+                        margin_plot=steps["margin_on"].clip(lower=1e-6),
+                        outcome=steps["flip"].map({True: "argmax flips", False: "same argmax"}))
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    sns.scatterplot(data=data, x="kl_plot", y="margin_plot", hue="outcome", style="precision",
+                    hue_order=["same argmax", "argmax flips"], s=18, alpha=0.7, ax=ax)
+    flips = data[data["flip"]]
+    if not flips.empty:
+        ax.axhline(float(flips["max_abs_dlogit"].max()), color="gray", ls="--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("KL(ON‖OFF) at the step")
+    ax.set_ylabel("top-2 margin (cache ON)")
+    return _svg(fig)
+
+
+def drift_figure(layers: pd.DataFrame) -> str | None:
+    """Per-layer L2 of the ON−OFF difference of each layer's output (paper Fig. 2)."""
+    if layers.empty:
+        return None
+    data = layers.groupby(["model", "precision", "layer"], as_index=False)["l2"].mean()
+    data = data.assign(l2_plot=data["l2"].clip(lower=1e-12))
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    sns.lineplot(data=data, x="layer", y="l2_plot", hue="precision", style="model", marker="o", ax=ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("mean ‖h_ON − h_OFF‖₂ over steps and prompts")
+    return _svg(fig)
+
+
+def patching_figure(patching: pd.DataFrame) -> str | None:
+    """KL remaining after patching cache-OFF state into the cache-ON run (paper Fig. 5)."""
+    if patching.empty:
+        return None
+    data = patching.assign(kl_plot=patching["kl"].clip(lower=1e-20))
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    sns.barplot(data=data, x="precision", y="kl_plot", hue="patch", hue_order=["none", "residual", "kv_cache"],
+                estimator="median", errorbar=None, ax=ax, log_scale=(False, True))
+    ax.set_ylabel("KL to cache-OFF at the patched step (median)")
+    return _svg(fig)
+
+
+def patching_table(patching: pd.DataFrame) -> list[dict[str, Any]]:
+    if patching.empty:
+        return []
+    agg = patching.groupby(["model", "precision", "patch"], as_index=False).agg(
+        experiments=("kl", "size"), median_kl=("kl", "median"), flips=("flip", "sum"),
+        max_abs_dlogit=("max_abs_dlogit", "max"))
+    order = {"none": 0, "residual": 1, "kv_cache": 2}
+    return agg.sort_values(["model", "precision", "patch"], key=lambda c: c.map(order) if c.name == "patch" else c
+                           ).to_dict("records")
+
+
 def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
            title: str | None = None) -> Path:
     summary_dir, out_path = Path(summary_dir), Path(out_path)
@@ -91,6 +202,10 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     cells_df, pairs_df, first_df = cells.to_pandas(), pairs.to_pandas(), first_div.to_pandas()
     done_pairs = pairs_df[pairs_df["status"] == "done"] if not pairs_df.empty else pairs_df
     environment = _first_environment(summary_dir.parent / "cells", cells_df)
+    kv_steps = _read_optional(summary_dir / "kv_steps.parquet")
+    kv_layers = _read_optional(summary_dir / "kv_layers.parquet")
+    kv_patching = _read_optional(summary_dir / "kv_patching.parquet")
+    kv_rows = kv_table(pairs_df)
     html = _TEMPLATES.get_template("report.html.j2").render(
         title=title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}",
         run=config["run"],
@@ -102,6 +217,15 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         missing_pairs=pairs_df[pairs_df["status"] != "done"].to_dict("records") if not pairs_df.empty else [],
         fig_first_div=first_divergence_figure(first_df, pairs_df),
         fig_margin=margin_figure(first_df),
+        kv_rows=kv_rows,
+        kv=kv_claims(kv_rows),
+        fig_kl=kl_figure(kv_steps),
+        fig_flip_kl=flip_kl_figure(kv_steps),
+        fig_drift=drift_figure(kv_layers),
+        fig_patching=patching_figure(kv_patching),
+        patching_rows=patching_table(kv_patching),
+        probe_flips=int(kv_steps["flip"].sum()) if not kv_steps.empty else 0,
+        probe_steps=len(kv_steps),
         environment=environment,
         config_yaml=json.dumps(config, indent=2, sort_keys=True, default=str),
     )

@@ -13,7 +13,9 @@ import pyarrow.parquet as pq
 from . import storage
 from .plan import Cell, Pair
 
-SUMMARY_FILES = ("cells.parquet", "pairs.parquet", "first_divergence.parquet")
+SUMMARY_FILES = ("cells.parquet", "pairs.parquet", "first_divergence.parquet",
+                 "kv_steps.parquet", "kv_layers.parquet", "kv_patching.parquet")
+PROBE_TABLES = ("steps", "layers", "patching")
 
 
 def cell_rows(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
@@ -60,14 +62,37 @@ def pair_rows(pairs: list[Pair], run_dir: Path) -> tuple[list[dict[str, Any]], l
     return rows, first_div
 
 
-def write_summaries(cells: list[Cell], pairs: list[Pair], run_dir: str | Path, out_dir: str | Path) -> None:
+def probe_frames(probes: list[tuple[str, str, str]], run_dir: Path) -> dict[str, pd.DataFrame]:
+    """KV-cache probe tables of every model × benchmark, concatenated; layer drift is
+    averaged over prompts (the report plots layers × steps)."""
+    frames: dict[str, list[pd.DataFrame]] = {name: [] for name in PROBE_TABLES}
+    for probe, model, bench in probes:
+        if probe != "kv_cache":
+            continue
+        for name in PROBE_TABLES:
+            path = run_dir / "probes" / model / bench / probe / f"{name}.parquet"
+            if path.exists():
+                df = storage.read_table(path)[0].to_pandas()
+                frames[name].append(df.assign(model=model, benchmark=bench))
+    out = {name: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
+           for name, dfs in frames.items()}
+    if not out["layers"].empty:
+        out["layers"] = (out["layers"].groupby(["model", "benchmark", "precision", "layer", "step"],
+                                                as_index=False)[["l2", "rel_l2"]].mean())
+    return {"kv_steps.parquet": out["steps"], "kv_layers.parquet": out["layers"],
+            "kv_patching.parquet": out["patching"]}
+
+
+def write_summaries(cells: list[Cell], pairs: list[Pair], run_dir: str | Path, out_dir: str | Path,
+                    probes: list[tuple[str, str, str]] = ()) -> None:
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     prows, first_div = pair_rows(pairs, run_dir)
     frames = {"cells.parquet": pd.DataFrame(cell_rows(cells, run_dir)),
               "pairs.parquet": pd.DataFrame(prows),
               "first_divergence.parquet": pd.DataFrame(
                   first_div, columns=["pair_id", "label", "axis", "context", "prompt_id",
-                                      "first_div_step", "margin_a_at_div", "margin_b_at_div"])}
+                                      "first_div_step", "margin_a_at_div", "margin_b_at_div"]),
+              **probe_frames(list(probes), run_dir)}
     for name, df in frames.items():
         storage.write_table(pa.Table.from_pandas(df, preserve_index=False), out_dir / name,
                             {"kind": "summary", "table": name})

@@ -4,7 +4,9 @@ import json
 import shlex
 import sys
 
-from tokenflip.plan import Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards
+from tokenflip.summary import SUMMARY_FILES
+from tokenflip.plan import (Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards,
+                            probe_settings, probe_targets)
 
 # The rules run the package with the interpreter that runs Snakemake, so a job always
 # uses the same installation (and versions) as the scheduler, locally or on a cluster.
@@ -14,8 +16,11 @@ CELLS = expand_cells(config)
 PAIRS = expand_pairs(config, CELLS)
 CELL_FILES = [cell.path(RUN) for cell in CELLS]
 PAIR_FILES = [pair.path(RUN) for pair in PAIRS]
+PROBE_TABLES = ("steps", "layers", "patching")
+PROBE_FILES = [f"results/{RUN}/probes/{model}/{bench}/{probe}/{table}.parquet"
+               for probe, model, bench in probe_targets(config) for table in PROBE_TABLES]
 SUMMARY_DIR = f"results/{RUN}/summary"
-SUMMARIES = [f"{SUMMARY_DIR}/{name}" for name in ("cells.parquet", "pairs.parquet", "first_divergence.parquet")]
+SUMMARIES = [f"{SUMMARY_DIR}/{name}" for name in SUMMARY_FILES]
 REPORT = f"reports/{RUN}/index.html"
 # The validated config; summaries and the report rerun when it changes.
 CONFIG_JSON = json.dumps(config, sort_keys=True)
@@ -33,6 +38,7 @@ wildcard_constraints:
     a=r"[A-Za-z0-9_.]+",
     b=r"[A-Za-z0-9_.]+",
     context=r"[A-Za-z0-9_.-]+",
+    probe=r"kv_cache",
 
 
 def cell_of(wildcards):
@@ -60,6 +66,11 @@ def pair_inputs(wildcards):
 
 def pair_id(wildcards):
     return pair_of(wildcards).id
+
+
+def probe_settings_json(wildcards):
+    return json.dumps(probe_settings(config, wildcards.probe, wildcards.model, wildcards.benchmark),
+                      sort_keys=True)
 
 
 def generate_threads(wildcards):

@@ -5,6 +5,7 @@ rule summarize:
     input:
         cells=CELL_FILES,
         pairs=PAIR_FILES,
+        probes=PROBE_FILES,
     output:
         SUMMARIES,
     params:

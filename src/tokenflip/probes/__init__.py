@@ -1,0 +1,1 @@
+"""Mechanism probes: teacher-forced replays that explain why two cells diverged."""

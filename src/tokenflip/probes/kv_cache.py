@@ -1,0 +1,118 @@
+"""KV-cache probe: where cache-on and cache-off decoding part numerically, and which
+state carries the difference.
+
+For each prompt of a subset and each precision, the cache-on trajectory is generated
+greedily and replayed through cache-off decoding. At identical inputs we measure per
+step the full-vocabulary KL(ON‖OFF), whether the argmax would flip, the top-2 margin, and
+the L2 difference of every layer's output (drift). Then, at a few steps, we patch the
+cache-on run with cache-off state — the residual stream (every layer, current position,
+previous step) or the whole KV cache — and measure how much of the KL and of the flip is
+recovered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from .. import provenance, storage
+from ..benchmarks import build_benchmark
+from ..cell import eos_ids, prompt_token_ids, seed_everything
+from ..models import load_prepared
+from .replay import prefill_cache, replay
+
+TABLES = ("steps", "layers", "patching")
+
+
+def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """KL(P‖Q) per row in float64 from two [T, V] logit tensors."""
+    logp = torch.log_softmax(p_logits.double(), dim=-1)
+    logq = torch.log_softmax(q_logits.double(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(dim=-1).clamp_min(0.0)
+
+
+def _margin(logits: torch.Tensor) -> torch.Tensor:
+    top = torch.topk(logits, 2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def patch_steps(kl: np.ndarray, flips: np.ndarray, count: int) -> list[int]:
+    """Steps worth patching: the first flip, then the largest KL (step 0 has no past)."""
+    chosen: list[int] = []
+    flip_steps = [int(s) for s in np.nonzero(flips)[0] if s >= 1]
+    if flip_steps:
+        chosen.append(flip_steps[0])
+    for s in np.argsort(-kl, kind="stable"):
+        if len(chosen) >= count:
+            break
+        if s >= 1 and int(s) not in chosen and kl[s] > 0:
+            chosen.append(int(s))
+    return sorted(chosen[:count])
+
+
+def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
+                 n_patch: int) -> dict[str, list[dict[str, Any]]]:
+    kwargs = dict(eos_token_ids=eos, pad_token_id=pad)
+    on = replay(model, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kwargs)
+    off = replay(model, prompt, use_cache=False, max_new_tokens=max_new_tokens, tokens=on.tokens, **kwargs)
+    kl = kl_divergence(on.logits, off.logits).numpy()
+    top_on, top_off = on.logits.argmax(-1), off.logits.argmax(-1)
+    flips = (top_on != top_off).numpy()
+    margin_on, margin_off = _margin(on.logits).numpy(), _margin(off.logits).numpy()
+    dmax = (on.logits - off.logits).abs().max(-1).values.numpy()
+    steps = [{"step": t, "kl": float(kl[t]), "flip": bool(flips[t]), "margin_on": float(margin_on[t]),
+              "margin_off": float(margin_off[t]), "max_abs_dlogit": float(dmax[t]),
+              "top1_on": int(top_on[t]), "top1_off": int(top_off[t])} for t in range(len(kl))]
+    diff = (on.layer_outputs - off.layer_outputs).norm(dim=-1).numpy()
+    scale = off.layer_outputs.norm(dim=-1).clamp_min(1e-30).numpy()
+    layers = [{"step": t, "layer": layer, "l2": float(diff[t, layer]),
+               "rel_l2": float(diff[t, layer] / scale[t, layer])}
+              for t in range(diff.shape[0]) for layer in range(diff.shape[1])]
+    patching = []
+    for t in patch_steps(kl, flips, n_patch):
+        upto = on.tokens[: t + 1]
+        residual = replay(model, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
+                          patch_residual={t - 1: off.layer_outputs[t - 1]}, **kwargs)
+        kv = replay(model, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
+                    patch_cache={t: lambda t=t: prefill_cache(model, prompt, on.tokens[: t - 1])}, **kwargs)
+        for kind, logits in (("none", on.logits[t]), ("residual", residual.logits[t]), ("kv_cache", kv.logits[t])):
+            patched_kl = float(kl_divergence(logits[None], off.logits[t][None])[0])
+            patching.append({"step": t, "patch": kind, "kl": patched_kl,
+                             "flip": bool(int(logits.argmax()) != int(top_off[t])),
+                             "max_abs_dlogit": float((logits - off.logits[t]).abs().max())})
+    return {"steps": steps, "layers": layers, "patching": patching}
+
+
+def run_probe(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """Run the KV-cache probe for one model × benchmark over the configured precisions."""
+    out_dir = Path(out_dir)
+    seed_everything(int(settings["run_seed"]))
+    if settings.get("threads"):
+        torch.set_num_threads(int(settings["threads"]))
+    bench = build_benchmark(settings["benchmark_name"], settings["benchmark"])
+    items = bench.items()[: int(settings["prompts"])]
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
+    env = None
+    for precision in settings["precisions"]:
+        model, tokenizer, manifest = load_prepared(model_dir, precision, settings["device"])
+        env = env or provenance.environment(model.device)
+        eos = eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        for item in items:
+            prompt = prompt_token_ids(tokenizer, bench.messages(item))
+            result = probe_prompt(model, prompt, int(settings["max_new_tokens"]), eos, pad,
+                                  int(settings["patch_steps"]))
+            for name in TABLES:
+                rows[name].extend({"precision": precision, "prompt_id": item.id, **r} for r in result[name])
+        del model
+    meta = {"kind": "probe", "probe": "kv_cache", "settings": settings, "model": manifest,
+            "benchmark": bench.describe(), "environment": env}
+    for name in TABLES:
+        table = pa.Table.from_pandas(pd.DataFrame(rows[name]), preserve_index=False)
+        storage.write_table(table, out_dir / f"{name}.parquet", meta)
+    return meta
