@@ -17,6 +17,7 @@ from .decode import decode, left_pad
 from .models import load_prepared
 from .plan import Cell
 from .sampling import make_selector
+from .interventions import apply_to_model
 
 
 def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -49,7 +50,12 @@ def run_cell(settings: dict[str, Any], model_dir: str | Path, out_path: str | Pa
     if settings.get("threads"):
         torch.set_num_threads(int(settings["threads"]))
     seed_everything(int(settings["run_seed"]))
-    model, tokenizer, manifest = load_prepared(model_dir, cell.precision, settings["device"])
+    intervention = settings["intervention"]
+    # The fp32 oracle keeps fp32 weights; every other cell rounds them to its precision.
+    load_precision = "fp32" if intervention.get("kind") == "fp32_oracle" else cell.precision
+    model, tokenizer, manifest = load_prepared(model_dir, load_precision, settings["device"])
+    if intervention.get("kind") != "fp32_oracle":
+        model = apply_to_model(model, intervention)
     bench = build_benchmark(cell.benchmark, settings["benchmark"])
     items = bench.items()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -75,7 +81,7 @@ def run_cell(settings: dict[str, Any], model_dir: str | Path, out_path: str | Pa
                 "top_ids": np.asarray(gen.top_ids, dtype=np.int32).reshape(-1, k),
                 "top_logits": np.asarray(gen.top_logits, dtype=np.float32).reshape(-1, k),
                 "margin": gen.margin, "logsumexp": gen.logsumexp, "entropy": gen.entropy,
-                "intervened": [False] * len(gen.token_ids), "n_tokens": len(gen.token_ids),
+                "intervened": gen.intervened, "n_tokens": len(gen.token_ids),
                 "finish_reason": gen.finish_reason, "text": text, "gold": item.gold,
                 "extracted": extracted, "correct": bench.is_correct(item, text),
                 "latency_s": result.wall_seconds,

@@ -58,6 +58,7 @@ class Generation:
     margin: list[float] = field(default_factory=list)
     logsumexp: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
+    intervened: list[bool] = field(default_factory=list)
     finish_reason: str = "length"
 
 
@@ -147,7 +148,8 @@ def decode(
             hooks.after(step, out, logits)
         del out
         chosen = select(logits, step)
-        _record(generations, logits, chosen, unfinished, record_top_k)
+        fired = getattr(model.get_output_embeddings(), "fired", None)
+        _record(generations, logits, chosen, unfinished, record_top_k, fired)
         chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_token_id))
         ids = torch.cat([ids, chosen[:, None]], dim=-1)
         position_ids = torch.cat([position_ids, position_ids[:, -1:] + 1], dim=-1)
@@ -166,10 +168,11 @@ def decode(
 
 
 def _record(generations: list[Generation], logits: torch.Tensor, chosen: torch.Tensor,
-            unfinished: torch.Tensor, k: int) -> None:
+            unfinished: torch.Tensor, k: int, fired: torch.Tensor | None) -> None:
     stats = {name: t.cpu() for name, t in step_statistics(logits, k).items()}
     chosen = chosen.cpu().tolist()
     active = unfinished.cpu().tolist()
+    fired = fired.cpu().tolist() if fired is not None else [False] * len(generations)
     for row, gen in enumerate(generations):
         if not active[row]:
             continue
@@ -179,3 +182,4 @@ def _record(generations: list[Generation], logits: torch.Tensor, chosen: torch.T
         gen.margin.append(float(stats["margin"][row]))
         gen.logsumexp.append(float(stats["logsumexp"][row]))
         gen.entropy.append(float(stats["entropy"][row]))
+        gen.intervened.append(bool(fired[row]))
