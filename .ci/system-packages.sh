@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# System packages the test suite needs beyond Python: a real single-node SLURM cluster
+# (tests/slurm_cluster.py starts munged, slurmctld and slurmd by hand; no systemd).
+# Idempotent: does nothing when everything is installed. Debian/Ubuntu (apt) only.
+set -euo pipefail
+
+PACKAGES=(slurmctld slurmd slurm-client munge)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    if [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" != "install ok installed" ]; then
+        missing+=("$pkg")
+    fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "system packages: ${PACKAGES[*]} already installed"
+    exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+fi
+echo "system packages: installing ${missing[*]}"
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"

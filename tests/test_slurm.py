@@ -1,0 +1,121 @@
+"""The tiny workflow through a real single-node SLURM cluster (tests/slurm_cluster.py) with
+the repository's SLURM profile: every job is an sbatch job, generation jobs ask for a GPU
+and land in the GPU partition, and the report comes out as on a workstation."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from slurm_cluster import PARTITIONS, slurm_cluster  # noqa: F401  (the fixture)
+
+SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.yaml"
+SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
+
+
+def write_config(workdir: Path) -> Path:
+    """The smallest useful study: one random llama, fp32/bf16 x cache on/off."""
+    config = {
+        "run": "wf",
+        "models": {"tiny-llama": {"source": "random", "architecture": "llama", "seed": 0}},
+        "benchmarks": {"arith": {"kind": "arithmetic", "n": 3, "max_new_tokens": 6}},
+        "generation": {"record_top_k": 8, "device": "cpu", "threads": 1},
+        "grids": [{"precision": ["fp32", "bf16"], "cache": ["on", "off"], "batch_size": [1]}],
+        "comparisons": [{"axis": "cache", "a": "on", "b": "off"},
+                        {"axis": "precision", "a": "fp32", "b": "bf16"}],
+    }
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def write_test_profile(directory: Path) -> Path:
+    """The repository's SLURM profile, sized for a one-node test cluster without slurmdbd."""
+    profile = yaml.safe_load(SLURM_PROFILE.read_text())
+    assert "resources" not in profile, "a global `resources: gpu=...` would serialise the whole cluster"
+    assert {profile["default-resources"]["slurm_partition"],
+            profile["set-resources"]["generate"]["slurm_partition"]} <= set(PARTITIONS)
+    profile.update({
+        "jobs": 4,
+        "latency-wait": 5,
+        # No accounting here: sacct cannot answer, squeue can (MinJobAge is long enough).
+        "slurm-status-command": "squeue",
+        "slurm-init-seconds-before-status-checks": 1,
+        "slurm-keep-successful-logs": True,
+        "set-threads": {rule: 1 for rule in profile.get("set-threads", {})},
+    })
+    profile["default-resources"].update(mem_mb=300, runtime=10)
+    for resources in profile["set-resources"].values():
+        resources.update(mem_mb=300, runtime=10)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return directory
+
+
+def show_job(cluster, jobid: str) -> dict[str, str]:
+    out = cluster.run("scontrol", "-o", "show", "job", jobid).stdout.strip()
+    assert out, f"slurmctld does not know job {jobid}"
+    return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+
+@pytest.mark.slow
+def test_workflow_runs_through_slurm(slurm_cluster, tmp_path, capsys):  # noqa: F811
+    cluster = slurm_cluster
+    start = time.monotonic()
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    config = write_config(workdir)
+    profile = write_test_profile(tmp_path / "profile")
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+           "--directory", str(workdir), "--configfile", str(config)]
+    # What a plain dry run schedules; every one of these jobs but `all` must go to SLURM.
+    dry = subprocess.run([*cmd, "-n"], cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stdout[-4000:] + dry.stderr[-4000:]
+    expected = Counter(re.findall(r"^(?:local)?rule (\w+):", dry.stdout, flags=re.M))
+    del expected["all"]
+    assert expected["generate"] == 4, expected
+    cmd += ["--profile", str(profile)]
+    try:
+        proc = subprocess.run(cmd, cwd=workdir, env=cluster.env, capture_output=True, text=True, timeout=420)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"snakemake timed out:\n{(e.stdout or b'')[-4000:]}\n{(e.stderr or b'')[-6000:]}\n"
+                             f"{cluster.run('squeue', '--states=all').stdout}\n{cluster.log_tail()}")
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{log[-8000:]}\n{cluster.log_tail()}")
+    wall = time.monotonic() - start
+
+    assert (workdir / "reports" / "wf" / "index.html").exists()
+    assert len(list((workdir / "results" / "wf" / "cells").rglob("*.parquet"))) == 4
+
+    # Every job went through sbatch: Snakemake printed a SLURM job id for each, and
+    # slurmctld ran each one to completion on the test node.
+    submitted = SUBMITTED.findall(log)
+    rules = {slurm_id: re.search(r"/rule_(\w+)/", path).group(1) for _, slurm_id, path in submitted}
+    assert Counter(rules.values()) == expected, log[-4000:]
+    gpu_rules = {rule for rule, res in yaml.safe_load(SLURM_PROFILE.read_text())["set-resources"].items()
+                 if res.get("gpu")}
+    assert "generate" in gpu_rules
+    for slurm_id, rule in rules.items():
+        job = show_job(cluster, slurm_id)
+        assert job["JobState"] == "COMPLETED" and job["NodeList"] == cluster.node, (rule, job)
+        gpu = "gpu" in job.get("TresPerJob", "")
+        if rule in gpu_rules:
+            # The rule's gpu=1 became `sbatch --gpus=1`, in the GPU partition.
+            assert gpu and job["TresPerJob"].endswith("gpu:1") and job["Partition"] == "gpu", job
+        else:
+            assert not gpu and job["Partition"] == "cpu", (rule, job)
+    # The jobs' own SLURM logs (kept by the test profile) come from inside the allocations.
+    slurm_logs = list((workdir / ".snakemake" / "slurm_logs" / "rule_generate").rglob("*.log"))
+    assert len(slurm_logs) == 4
+
+    with capsys.disabled():
+        print(f"\n[slurm] {len(rules)} SLURM jobs, workflow wall time {wall:.1f}s")
