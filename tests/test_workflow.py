@@ -26,7 +26,10 @@ def write_config(workdir: Path, models: dict) -> Path:
         "models": models,
         "benchmarks": {"arith": {"kind": "arithmetic", "n": 3, "max_new_tokens": 6}},
         "generation": {"record_top_k": 8, "device": "cpu", "threads": 1},
-        "grids": [{"precision": ["fp32", "bf16"], "cache": ["on", "off"], "batch_size": [1]}],
+        "interventions": {"none": {"kind": "none"}, "c_gated": {"kind": "fp32_head", "tau": 0.01}},
+        "grids": [{"precision": ["fp32", "bf16"], "cache": ["on", "off"], "batch_size": [1]},
+                  {"precision": ["fp32", "bf16"], "cache": ["on"], "batch_size": [1],
+                   "intervention": ["c_gated"]}],
         "comparisons": [{"axis": "cache", "a": "on", "b": "off"},
                         {"axis": "precision", "a": "fp32", "b": "bf16"}],
         "probes": {"kv_cache": {"prompts": 1, "precisions": ["fp32", "bf16"], "patch_steps": 1}},
@@ -93,16 +96,28 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
     report = tmp_path / "reports" / "wf" / "index.html"
     assert report.exists()
     cells = sorted((tmp_path / "results" / "wf" / "cells").rglob("*.parquet"))
-    assert [c.name for c in cells] == ["bf16-off-bs1-greedy-none.parquet", "bf16-on-bs1-greedy-none.parquet",
-                                       "fp32-off-bs1-greedy-none.parquet", "fp32-on-bs1-greedy-none.parquet"]
+    assert [c.name for c in cells] == ["bf16-off-bs1-greedy-none.parquet", "bf16-on-bs1-greedy-c_gated.parquet",
+                                       "bf16-on-bs1-greedy-none.parquet", "fp32-off-bs1-greedy-none.parquet",
+                                       "fp32-on-bs1-greedy-c_gated.parquet", "fp32-on-bs1-greedy-none.parquet"]
     assert not list((tmp_path / "results").rglob("*.tmp"))
 
     # Numbers in the HTML are the numbers in the summary table.
     pairs = pq.read_table(tmp_path / "results" / "wf" / "summary" / "pairs.parquet").to_pylist()
-    assert len(pairs) == 4 and all(p["status"] == "done" for p in pairs)
+    assert len(pairs) == 5 and all(p["status"] == "done" for p in pairs)
     parser = _Rates()
     parser.feed(report.read_text())
     assert parser.rates == {p["pair_id"]: f"{100 * p['divergence_rate']:.1f}%" for p in pairs}
+
+    # The intervention table compares C against the baseline on the same prompts.
+    inter = pq.read_table(tmp_path / "results" / "wf" / "summary" / "interventions.parquet").to_pandas()
+    assert sorted(inter["intervention"]) == ["c_gated", "none"]
+    by_name = {r["intervention"]: r for r in inter.to_dict("records")}
+    prec_pairs = {p["context"].split("-")[-1]: p for p in pairs if p["axis"] == "precision" and "-on-" in p["context"]}
+    assert by_name["c_gated"]["ear"] == prec_pairs["c_gated"]["exact_agreement"]
+    assert by_name["none"]["lift"] == 0.0
+    assert by_name["c_gated"]["lift"] == pytest.approx(prec_pairs["c_gated"]["exact_agreement"]
+                                                       - prec_pairs["none"]["exact_agreement"])
+    assert 'id="precision"' in report.read_text()
 
     # The KV-cache probe ran and its section is in the report.
     kv_steps = pq.read_table(tmp_path / "results" / "wf" / "summary" / "kv_steps.parquet").to_pandas()
@@ -121,7 +136,7 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
     config = write_config(tmp_path, {"tiny-llama": MODEL_A, "tiny-mistral": MODEL_B})
     jobs = scheduled_jobs(snakemake(tmp_path, config, "-n").stdout)
     counts = Counter(rule for rule, _ in jobs)
-    assert counts == {"prepare_model": 1, "generate": 4, "compare": 4, "probe": 1, "summarize": 1,
+    assert counts == {"prepare_model": 1, "generate": 6, "compare": 5, "probe": 1, "summarize": 1,
                       "report": 1, "all": 1}
     outputs = [out for rule, out in jobs if rule in ("prepare_model", "generate", "compare", "probe")]
     assert all("tiny-mistral" in out for out in outputs), outputs

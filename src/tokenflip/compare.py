@@ -20,6 +20,10 @@ from .plan import Pair
 _FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "wall_seconds", "schema_version"}
 
 
+# The paper's gate threshold τ: a step whose top-2 margin is below it is a near-tie.
+NEAR_TIE = 1e-3
+
+
 class ComparabilityError(ValueError):
     pass
 
@@ -77,7 +81,8 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
     rows: dict[str, list] = {name: [] for name in (
         "prompt_id", "identical", "first_div_step", "steps_compared", "steps_logit_diff", "n_tokens_a", "n_tokens_b",
         "logit_diff_before_div", "max_abs_dlogit_before_div", "dlogit_at_div", "margin_a_at_div",
-        "margin_b_at_div", "correct_a", "correct_b", "extracted_a", "extracted_b", "same_answer")}
+        "margin_b_at_div", "rms_dlogit_before_div", "mean_margin_a", "mean_margin_b", "near_ties_a",
+        "correct_a", "correct_b", "extracted_a", "extracted_b", "same_answer")}
     ids_a_col, logit_a_col = a.column("top_ids"), a.column("top_logits")
     ids_b_col, logit_b_col = b.column("top_ids"), b.column("top_logits")
     for i, pid in enumerate(a.column("prompt_id").to_pylist()):
@@ -113,6 +118,11 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
         rows["dlogit_at_div"].append(float(delta[first_div]) if at_div else None)
         rows["margin_a_at_div"].append(float(margin_a[first_div]) if at_div else None)
         rows["margin_b_at_div"].append(float(margin_b[first_div]) if at_div else None)
+        finite = before[~np.isnan(before)]
+        rows["rms_dlogit_before_div"].append(float(np.sqrt(np.mean(finite ** 2))) if finite.size else None)
+        rows["mean_margin_a"].append(float(np.mean(margin_a)) if margin_a else None)
+        rows["mean_margin_b"].append(float(np.mean(margin_b)) if margin_b else None)
+        rows["near_ties_a"].append(int(np.sum(np.asarray(margin_a) < NEAR_TIE)))
         rows["correct_a"].append(a.column("correct")[i].as_py())
         rows["correct_b"].append(b.column("correct")[j].as_py())
         rows["extracted_a"].append(ex_a)
@@ -149,6 +159,20 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "accuracy_b": float(acc_b.mean()) if n else float("nan"),
         "mcnemar_p": stats.mcnemar_exact(acc_a.to_numpy(), acc_b.to_numpy()),
         "semantic_agreement": float(df["same_answer"].mean()) if n else float("nan"),
+        "exact_agreement": (n - diverged) / n if n else float("nan"),
+        "mean_margin_at_div": float(df["margin_a_at_div"].mean()) if diverged else float("nan"),
+        "mean_margin_agreed": float(df.loc[df["identical"], "mean_margin_a"].mean())
+        if (n - diverged) else float("nan"),
+        "sigma_z": float(np.sqrt(np.nanmean(df["rms_dlogit_before_div"].astype(float) ** 2)))
+        if df["rms_dlogit_before_div"].notna().any() else float("nan"),
+        "near_tie_rate_a": _ratio(df["near_ties_a"].sum(), df["n_tokens_a"].sum()),
+        "mean_margin_a": float(df["mean_margin_a"].mean()) if n else float("nan"),
+        "mean_cascade_length": float((df["n_tokens_a"] - df["first_div_step"]).dropna().mean())
+        if diverged else float("nan"),
+        "n_length_differs": int((df["n_tokens_a"] != df["n_tokens_b"]).sum()),
+        "mean_abs_length_diff": float((df["n_tokens_a"] - df["n_tokens_b"]).abs()[~df["identical"]].mean())
+        if diverged else float("nan"),
+        "n_correctness_flips": int((acc_a != acc_b).sum()),
     }
 
 

@@ -193,6 +193,47 @@ def patching_table(patching: pd.DataFrame) -> list[dict[str, Any]]:
                            ).to_dict("records")
 
 
+def precision_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:
+    """Cross-precision divergence spectrum (paper Table 2): precision pairs, no intervention."""
+    if pairs.empty:
+        return []
+    prec = pairs[(pairs["axis"] == "precision") & (pairs["status"] == "done")].copy()
+    if prec.empty:
+        return []
+    parts = prec["context"].str.split("-", expand=True)
+    prec = prec.assign(cache=parts[1], batch_size=parts[2], decoding=parts[3], intervention=parts[4],
+                       ear_low=1 - prec["divergence_ci_high"], ear_high=1 - prec["divergence_ci_low"])
+    prec = prec[prec["intervention"] == "none"]
+    return prec.sort_values(["model", "benchmark", "a", "b", "cache", "batch_size"]).to_dict("records")
+
+
+def intervention_figure(interventions: pd.DataFrame) -> str | None:
+    """Exact agreement per intervention, with the lift's paired-bootstrap 90% interval."""
+    data = interventions[interventions["status"] == "done"] if not interventions.empty else interventions
+    if data.empty or data["intervention"].nunique() < 2:
+        return None
+    data = data.assign(condition=data["a"] + " vs " + data["b"] + ", " + data["batch_size"].astype(str))
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    sns.barplot(data=data, x="intervention", y="ear", hue="condition", errorbar=None, ax=ax)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("exact agreement rate (EAR)")
+    return _svg(fig)
+
+
+def batch_figure(interventions: pd.DataFrame) -> str | None:
+    """EAR per batch size and intervention (paper: the head-only lift vanishes at bs ≥ 8)."""
+    data = interventions[interventions["status"] == "done"] if not interventions.empty else interventions
+    if data.empty or data["batch_size"].nunique() < 2:
+        return None
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    sns.lineplot(data=data, x="batch_size", y="ear", hue="intervention", style="model", marker="o", ax=ax)
+    ax.set_xscale("log", base=2)
+    ax.set_ylabel("EAR")
+    return _svg(fig)
+
+
 def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
            title: str | None = None) -> Path:
     summary_dir, out_path = Path(summary_dir), Path(out_path)
@@ -206,6 +247,8 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     kv_layers = _read_optional(summary_dir / "kv_layers.parquet")
     kv_patching = _read_optional(summary_dir / "kv_patching.parquet")
     kv_rows = kv_table(pairs_df)
+    interventions_df = _read_optional(summary_dir / "interventions.parquet")
+    precision_rows = precision_table(pairs_df)
     html = _TEMPLATES.get_template("report.html.j2").render(
         title=title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}",
         run=config["run"],
@@ -218,6 +261,10 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         fig_first_div=first_divergence_figure(first_df, pairs_df),
         fig_margin=margin_figure(first_df),
         kv_rows=kv_rows,
+        precision_rows=precision_rows,
+        intervention_rows=interventions_df.to_dict("records") if not interventions_df.empty else [],
+        fig_interventions=intervention_figure(interventions_df),
+        fig_batch=batch_figure(interventions_df),
         kv=kv_claims(kv_rows),
         fig_kl=kl_figure(kv_steps),
         fig_flip_kl=flip_kl_figure(kv_steps),

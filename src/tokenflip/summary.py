@@ -1,19 +1,22 @@
-"""Aggregate a run: one table of cells and one of pairs, read from file metadata and the
-small per-prompt pair tables, one file at a time (never the cells' per-step columns)."""
+"""Aggregate a run into the summary tables the report reads: file metadata and small
+per-prompt pair tables, one file at a time; per-step columns only through Arrow compute
+(never materialised as Python objects)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import storage
 from .plan import Cell, Pair
 
-SUMMARY_FILES = ("cells.parquet", "pairs.parquet", "first_divergence.parquet",
+SUMMARY_FILES = ("cells.parquet", "pairs.parquet", "first_divergence.parquet", "interventions.parquet",
                  "kv_steps.parquet", "kv_layers.parquet", "kv_patching.parquet")
 PROBE_TABLES = ("steps", "layers", "patching")
 
@@ -26,12 +29,17 @@ def cell_rows(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
         if path.exists():
             try:
                 meta = storage.read_metadata(path)
-                correct = pq.read_table(path, columns=["correct", "n_tokens"])
+                correct = pq.read_table(path, columns=["correct", "n_tokens", "intervened", "margin"])
+                steps = pc.sum(correct.column("n_tokens")).as_py() or 0
+                fired = pc.sum(pc.list_flatten(correct.column("intervened")).cast(pa.int64())).as_py() or 0
+                mean_margin = pc.mean(pc.list_flatten(correct.column("margin"))).as_py()
                 acc = pd.Series(correct.column("correct").to_pylist(), dtype="boolean").fillna(False)
                 row.update(status="done", n_prompts=correct.num_rows, accuracy=float(acc.mean()),
-                           generated_tokens=int(sum(correct.column("n_tokens").to_pylist())),
+                           generated_tokens=int(steps),
                            wall_seconds=meta["wall_seconds"], token_stream_sha256=meta["token_stream_sha256"],
-                           logits_sha256=meta["logits_sha256"], device=meta["environment"]["device"]["name"])
+                           logits_sha256=meta["logits_sha256"], device=meta["environment"]["device"]["name"],
+                           trigger_rate=fired / steps if steps else float("nan"),
+                           mean_margin=float("nan") if mean_margin is None else float(mean_margin))
             except storage.StorageError as exc:
                 row.update(status="unreadable", error=str(exc))
         rows.append(row)
@@ -83,11 +91,71 @@ def probe_frames(probes: list[tuple[str, str, str]], run_dir: Path) -> dict[str,
             "kv_patching.parquet": out["patching"]}
 
 
+def intervention_rows(pairs: list[Pair], run_dir: Path, cells: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each intervention against the baseline (`none`) for the same precision pair and
+    conditions: exact agreement, lift with a paired bootstrap 90% interval, exact McNemar
+    on agreement, trigger rate and wall-time overhead (paper Table 3, per batch size)."""
+    from scipy.stats import bootstrap
+
+    from .stats import mcnemar_exact
+
+    by_key: dict[tuple, dict[str, Pair]] = {}
+    for pair in pairs:
+        if pair.axis != "precision":
+            continue
+        a = pair.a
+        key = (a.model, a.benchmark, str(a.precision), str(pair.b.precision), a.cache, a.batch_size, a.decoding)
+        by_key.setdefault(key, {})[a.intervention] = pair
+    wall = cells.set_index("cell_id")["wall_seconds"].to_dict() if "wall_seconds" in cells else {}
+    trig = cells.set_index("cell_id")["trigger_rate"].to_dict() if "trigger_rate" in cells else {}
+    rows = []
+    for key, group in sorted(by_key.items()):
+        if "none" not in group or len(group) < 2:
+            continue
+        base = _agreement(run_dir, group["none"])
+        if base is None:
+            continue
+        base_wall = wall.get(group["none"].a.id, np.nan) + wall.get(group["none"].b.id, np.nan)
+        for name, pair in sorted(group.items()):
+            agree = base if name == "none" else _agreement(run_dir, pair)
+            row = dict(zip(("model", "benchmark", "a", "b", "cache", "batch_size", "decoding"), key))
+            row.update(intervention=name, status="missing" if agree is None else "done")
+            if agree is not None:
+                joined = base.join(agree, lsuffix="_base", rsuffix="_int", how="inner")
+                x, y = joined["agree_int"].to_numpy(float), joined["agree_base"].to_numpy(float)
+                lift = float(np.mean(x - y))
+                lo = hi = float("nan")
+                if len(x) > 1 and np.any(x != y):
+                    ci = bootstrap((x, y), lambda u, v, axis=-1: np.mean(u - v, axis=axis), paired=True,
+                                   confidence_level=0.9, n_resamples=2000, method="percentile",
+                                   random_state=np.random.default_rng(0), vectorized=True).confidence_interval
+                    lo, hi = float(ci.low), float(ci.high)
+                elif len(x):
+                    lo = hi = lift
+                pair_wall = wall.get(pair.a.id, np.nan) + wall.get(pair.b.id, np.nan)
+                row.update(n=len(joined), ear=float(np.mean(x)), lift=lift, lift_ci_low=lo, lift_ci_high=hi,
+                           mcnemar_p=mcnemar_exact(x.astype(bool), y.astype(bool)),
+                           trigger_rate=float(np.nanmean([trig.get(pair.a.id, np.nan), trig.get(pair.b.id, np.nan)])),
+                           overhead=float(pair_wall / base_wall - 1) if base_wall else float("nan"))
+            rows.append(row)
+    return rows
+
+
+def _agreement(run_dir: Path, pair: Pair) -> pd.DataFrame | None:
+    path = run_dir / "pairs" / f"{pair.id}.parquet"
+    if not path.exists():
+        return None
+    table = pq.read_table(path, columns=["prompt_id", "identical"]).to_pandas()
+    return table.set_index("prompt_id").rename(columns={"identical": "agree"})
+
+
 def write_summaries(cells: list[Cell], pairs: list[Pair], run_dir: str | Path, out_dir: str | Path,
                     probes: list[tuple[str, str, str]] = ()) -> None:
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     prows, first_div = pair_rows(pairs, run_dir)
-    frames = {"cells.parquet": pd.DataFrame(cell_rows(cells, run_dir)),
+    cells_df = pd.DataFrame(cell_rows(cells, run_dir))
+    frames = {"cells.parquet": cells_df,
+              "interventions.parquet": pd.DataFrame(intervention_rows(pairs, run_dir, cells_df)),
               "pairs.parquet": pd.DataFrame(prows),
               "first_divergence.parquet": pd.DataFrame(
                   first_div, columns=["pair_id", "label", "axis", "context", "prompt_id",
