@@ -72,3 +72,39 @@ def test_kl_and_patch_step_choice():
     flips = np.array([False, False, False, False, True])
     assert patch_steps(kl, flips, 2) == [2, 4]  # first flip, then the largest KL after step 0
     assert patch_steps(kl, flips, 0) == []
+
+
+def test_precision_probe_finds_and_explains_flips(prepared_models):
+    from tokenflip.probes.precision import probe_prompt as precision_probe
+
+    model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    model_b, _, _ = load_prepared(prepared_models("llama"), "fp16", "cpu")
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 8})
+    eos, pad = eos_ids(model_a, tokenizer), tokenizer.pad_token_id
+    flipped = 0
+    for item in bench.items():
+        prompt = prompt_token_ids(tokenizer, bench.messages(item))
+        r = {k: pd.DataFrame(v) for k, v in precision_probe(model_a, model_b, prompt, 24, eos, pad, 1).items()}
+        steps = r["steps"]
+        assert (steps["kl"] >= 0).all() and (steps["kl"] > 0).any()  # bf16 and fp16 always differ somewhere
+        if not steps["flip"].any():
+            assert r["grafting"].empty and r["lens"].empty
+            continue
+        flipped += 1
+        t = int(steps.index[steps["flip"]][0])
+        graft = r["grafting"]
+        assert sorted(graft["graft"]) == sorted([f"layer {i}" for i in range(2)] + (["kv cache"] if t else []))
+        assert len(r["lens"]) == 2 and r["lens"]["top2_agree"].dtype == bool
+    assert flipped >= 1  # this tiny model flips between bf16 and fp16 on some of these prompts
+
+
+def test_precision_probe_of_a_precision_against_itself_is_exactly_zero(prepared_models):
+    from tokenflip.probes.precision import probe_prompt as precision_probe
+
+    model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    model_b, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 1})
+    prompt = prompt_token_ids(tokenizer, bench.messages(bench.items()[0]))
+    r = precision_probe(model_a, model_b, prompt, 16, eos_ids(model_a, tokenizer), tokenizer.pad_token_id, 3)
+    assert all(s["kl"] == 0 and not s["flip"] for s in r["steps"])
+    assert all(row["l2"] == 0 for row in r["layers"])

@@ -32,7 +32,8 @@ def write_config(workdir: Path, models: dict) -> Path:
                    "intervention": ["c_gated"]}],
         "comparisons": [{"axis": "cache", "a": "on", "b": "off"},
                         {"axis": "precision", "a": "fp32", "b": "bf16"}],
-        "probes": {"kv_cache": {"prompts": 1, "precisions": ["fp32", "bf16"], "patch_steps": 1}},
+        "probes": {"kv_cache": {"prompts": 1, "precisions": ["fp32", "bf16"], "patch_steps": 1},
+                   "precision": {"prompts": 2, "pairs": [["bf16", "fp32"]], "flips": 1}},
     }
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -123,6 +124,8 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
     kv_steps = pq.read_table(tmp_path / "results" / "wf" / "summary" / "kv_steps.parquet").to_pandas()
     assert set(kv_steps["precision"]) == {"fp32", "bf16"} and len(kv_steps) == 12
     assert 'id="kv-cache"' in report.read_text()
+    lens = pq.read_table(tmp_path / "results" / "wf" / "summary" / "precision_layers.parquet").to_pandas()
+    assert set(lens["a"]) == {"bf16"} and lens["layer"].nunique() == 2
 
     # fp32 with and without the cache agree token for token on this model.
     fp32 = next(p for p in pairs if p["axis"] == "cache" and p["context"].startswith("fp32"))
@@ -136,14 +139,16 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
     config = write_config(tmp_path, {"tiny-llama": MODEL_A, "tiny-mistral": MODEL_B})
     jobs = scheduled_jobs(snakemake(tmp_path, config, "-n").stdout)
     counts = Counter(rule for rule, _ in jobs)
-    assert counts == {"prepare_model": 1, "generate": 6, "compare": 5, "probe": 1, "summarize": 1,
+    assert counts == {"prepare_model": 1, "generate": 6, "compare": 5, "probe_kv_cache": 1,
+                      "probe_precision": 1, "summarize": 1,
                       "report": 1, "all": 1}
-    outputs = [out for rule, out in jobs if rule in ("prepare_model", "generate", "compare", "probe")]
+    outputs = [out for rule, out in jobs if rule in ("prepare_model", "generate", "compare", "probe_kv_cache",
+                                                     "probe_precision")]
     assert all("tiny-mistral" in out for out in outputs), outputs
 
 
 @pytest.mark.parametrize("config, expected", [
-    ("paper-kv-cache.yaml", {"prepare_model": 3, "generate": 24, "compare": 18, "probe": 3,
+    ("paper-kv-cache.yaml", {"prepare_model": 3, "generate": 24, "compare": 18, "probe_kv_cache": 3,
                              "summarize": 1, "report": 1, "all": 1}),
 ])
 def test_paper_config_dry_run(tmp_path, config, expected):

@@ -33,11 +33,13 @@ def cmd_generate(args) -> None:
 
 
 def cmd_probe(args) -> None:
-    from .probes.kv_cache import run_probe
+    from .probes import kv_cache, precision
 
-    if args.settings.get("probe") != "kv_cache":
-        raise SystemExit(f"tokenflip probe: unknown probe {args.settings.get('probe')!r}")
-    run_probe(args.settings, args.model_dir, args.out_dir)
+    probes = {"kv_cache": kv_cache.run_probe, "precision": precision.run_probe}
+    name = args.settings.get("probe")
+    if name not in probes:
+        raise SystemExit(f"tokenflip probe: unknown probe {name!r}; known: {sorted(probes)}")
+    probes[name](args.settings, args.model_dir, args.out_dir)
     print(f"probe written to {args.out_dir}")
 
 

@@ -155,7 +155,9 @@ def pair_from_id(pair_id: str) -> Pair:
     return pair_from_wildcards(model, benchmark, axis, a, b, context)
 
 
-PROBES = ("kv_cache",)
+PROBES = ("kv_cache", "precision")
+PROBE_TABLES = {"kv_cache": ("steps", "layers", "patching"),
+                "precision": ("steps", "layers", "grafting", "lens")}
 
 
 def probe_targets(config: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -168,6 +170,9 @@ def probe_settings(config: dict[str, Any], probe: str, model: str, benchmark: st
     """Everything one probe job depends on (its own model and benchmark only)."""
     spec = config["probes"][probe]
     bench = config["benchmarks"][benchmark]
+    specific = ({"precisions": spec.get("precisions", ["fp32", "fp16"]), "patch_steps": spec.get("patch_steps", 3)}
+                if probe == "kv_cache" else
+                {"pairs": spec.get("pairs", [["bf16", "fp16"]]), "flips": spec.get("flips", 3)})
     return {
         "probe": probe,
         "run_seed": config.get("seed", 0),
@@ -177,8 +182,7 @@ def probe_settings(config: dict[str, Any], probe: str, model: str, benchmark: st
         "max_new_tokens": spec.get("max_new_tokens") or bench.get("max_new_tokens",
                                                                   config["generation"]["max_new_tokens"]),
         "prompts": spec.get("prompts", 4),
-        "precisions": spec.get("precisions", ["fp32", "fp16"]),
-        "patch_steps": spec.get("patch_steps", 3),
+        **specific,
         "device": config["generation"].get("device", "auto"),
         "threads": config["generation"].get("threads"),
     }

@@ -234,6 +234,38 @@ def batch_figure(interventions: pd.DataFrame) -> str | None:
     return _svg(fig)
 
 
+def grafting_table(grafting: pd.DataFrame) -> list[dict[str, Any]]:
+    """Flips fixed by grafting one layer (or the KV cache) of precision b into a (paper Table 8)."""
+    if grafting.empty:
+        return []
+    agg = grafting.groupby(["model", "a", "b", "graft", "layer"], as_index=False).agg(
+        flips=("fixed", "size"), fixed=("fixed", "sum"))
+    return agg.assign(rate=agg["fixed"] / agg["flips"]).sort_values(["model", "a", "b", "layer"]).to_dict("records")
+
+
+def lens_table(lens: pd.DataFrame) -> list[dict[str, Any]]:
+    """Logit-lens agreement between precisions per layer at flip steps (paper Table 10)."""
+    if lens.empty:
+        return []
+    agg = lens.groupby(["model", "a", "b", "layer"], as_index=False).agg(
+        steps=("top1_agree", "size"), top1=("top1_agree", "mean"), top2=("top2_agree", "mean"))
+    return agg.sort_values(["model", "a", "b", "layer"]).to_dict("records")
+
+
+def precision_drift_figure(layers: pd.DataFrame) -> str | None:
+    """Per-layer L2 distance between the two precisions' layer outputs."""
+    if layers.empty:
+        return None
+    data = layers.groupby(["model", "a", "b", "layer"], as_index=False)["l2"].mean()
+    data = data.assign(pair=data["a"] + " vs " + data["b"], l2_plot=data["l2"].clip(lower=1e-12))
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    sns.lineplot(data=data, x="layer", y="l2_plot", hue="pair", style="model", marker="o", ax=ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("mean ‖h_a − h_b‖₂")
+    return _svg(fig)
+
+
 def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
            title: str | None = None) -> Path:
     summary_dir, out_path = Path(summary_dir), Path(out_path)
@@ -249,7 +281,8 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     kv_rows = kv_table(pairs_df)
     interventions_df = _read_optional(summary_dir / "interventions.parquet")
     precision_rows = precision_table(pairs_df)
-    html = _TEMPLATES.get_template("report.html.j2").render(
+    prec_steps = _read_optional(summary_dir / "precision_steps.parquet")
+    context = dict(
         title=title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}",
         run=config["run"],
         headline=_headline(done_pairs),
@@ -265,6 +298,11 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         intervention_rows=interventions_df.to_dict("records") if not interventions_df.empty else [],
         fig_interventions=intervention_figure(interventions_df),
         fig_batch=batch_figure(interventions_df),
+        grafting_rows=grafting_table(_read_optional(summary_dir / "precision_grafting.parquet")),
+        lens_rows=lens_table(_read_optional(summary_dir / "precision_lens.parquet")),
+        fig_precision_drift=precision_drift_figure(_read_optional(summary_dir / "precision_layers.parquet")),
+        precision_probe_flips=int(prec_steps["flip"].sum()) if not prec_steps.empty else 0,
+        precision_probe_steps=len(prec_steps),
         kv=kv_claims(kv_rows),
         fig_kl=kl_figure(kv_steps),
         fig_flip_kl=flip_kl_figure(kv_steps),
@@ -276,11 +314,47 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         environment=environment,
         config_yaml=json.dumps(config, indent=2, sort_keys=True, default=str),
     )
+    html = _TEMPLATES.get_template("report.html.j2").render(**context)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
     tmp.write_text(html)
     tmp.replace(out_path)
+    write_tables(context, out_path.parent / "tables")
     return out_path
+
+
+# Every table of the report, as the CSV file written beside it (tables/<name>.csv): the
+# template variable that holds its rows -> file name. Full-precision values, one row per
+# HTML row, plus the columns the HTML leaves out (ids, statuses, errors).
+TABLE_FILES = {
+    "pairs": "pairs.csv",
+    "cells": "cells.csv",
+    "kv_rows": "kv_cache.csv",
+    "patching_rows": "patching.csv",
+    "precision_rows": "precision.csv",
+    "intervention_rows": "interventions.csv",
+    "grafting_rows": "grafting.csv",
+    "lens_rows": "lens.csv",
+}
+
+
+def write_tables(context: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Write each table the report shows as CSV into `out_dir`; a table the report does
+    not show (no rows) has no file, and a stale one from an earlier render is removed."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, name in TABLE_FILES.items():
+        path = out_dir / name
+        rows = context.get(key) or []
+        if not rows:
+            path.unlink(missing_ok=True)
+            continue
+        tmp = path.with_name(f".{name}.tmp")
+        pd.DataFrame(rows).to_csv(tmp, index=False)
+        tmp.replace(path)
+        written.append(path)
+    return written
 
 
 def _headline(pairs: pd.DataFrame) -> list[str]:

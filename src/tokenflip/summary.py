@@ -14,11 +14,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import storage
-from .plan import Cell, Pair
+from .plan import PROBE_TABLES, Cell, Pair
 
 SUMMARY_FILES = ("cells.parquet", "pairs.parquet", "first_divergence.parquet", "interventions.parquet",
-                 "kv_steps.parquet", "kv_layers.parquet", "kv_patching.parquet")
-PROBE_TABLES = ("steps", "layers", "patching")
+                 "kv_steps.parquet", "kv_layers.parquet", "kv_patching.parquet",
+                 "precision_steps.parquet", "precision_layers.parquet", "precision_grafting.parquet",
+                 "precision_lens.parquet")
+_PROBE_PREFIX = {"kv_cache": "kv", "precision": "precision"}
 
 
 def cell_rows(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
@@ -71,24 +73,26 @@ def pair_rows(pairs: list[Pair], run_dir: Path) -> tuple[list[dict[str, Any]], l
 
 
 def probe_frames(probes: list[tuple[str, str, str]], run_dir: Path) -> dict[str, pd.DataFrame]:
-    """KV-cache probe tables of every model × benchmark, concatenated; layer drift is
-    averaged over prompts (the report plots layers × steps)."""
-    frames: dict[str, list[pd.DataFrame]] = {name: [] for name in PROBE_TABLES}
+    """Every probe table of every model × benchmark, concatenated per probe and table;
+    per-layer drift is averaged over prompts (the report plots layers, not prompts)."""
+    frames: dict[str, list[pd.DataFrame]] = {}
     for probe, model, bench in probes:
-        if probe != "kv_cache":
-            continue
-        for name in PROBE_TABLES:
+        for name in PROBE_TABLES[probe]:
+            key = f"{_PROBE_PREFIX[probe]}_{name}.parquet"
+            frames.setdefault(key, [])
             path = run_dir / "probes" / model / bench / probe / f"{name}.parquet"
             if path.exists():
                 df = storage.read_table(path)[0].to_pandas()
-                frames[name].append(df.assign(model=model, benchmark=bench))
-    out = {name: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
-           for name, dfs in frames.items()}
-    if not out["layers"].empty:
-        out["layers"] = (out["layers"].groupby(["model", "benchmark", "precision", "layer", "step"],
-                                                as_index=False)[["l2", "rel_l2"]].mean())
-    return {"kv_steps.parquet": out["steps"], "kv_layers.parquet": out["layers"],
-            "kv_patching.parquet": out["patching"]}
+                frames[key].append(df.assign(model=model, benchmark=bench))
+    out = {name: pd.DataFrame() for name in SUMMARY_FILES if name.startswith(("kv_", "precision_"))}
+    out.update({key: pd.concat(dfs, ignore_index=True) for key, dfs in frames.items() if dfs})
+    if not out["kv_layers.parquet"].empty:
+        out["kv_layers.parquet"] = out["kv_layers.parquet"].groupby(
+            ["model", "benchmark", "precision", "layer", "step"], as_index=False)[["l2", "rel_l2"]].mean()
+    if not out["precision_layers.parquet"].empty:
+        out["precision_layers.parquet"] = out["precision_layers.parquet"].groupby(
+            ["model", "benchmark", "a", "b", "layer", "step"], as_index=False)["l2"].mean()
+    return out
 
 
 def intervention_rows(pairs: list[Pair], run_dir: Path, cells: pd.DataFrame) -> list[dict[str, Any]]:

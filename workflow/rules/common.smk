@@ -6,7 +6,7 @@ import sys
 
 from tokenflip.summary import SUMMARY_FILES
 from tokenflip.plan import (Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards,
-                            probe_settings, probe_targets)
+                            PROBE_TABLES, probe_settings, probe_targets)
 
 # The rules run the package with the interpreter that runs Snakemake, so a job always
 # uses the same installation (and versions) as the scheduler, locally or on a cluster.
@@ -16,9 +16,8 @@ CELLS = expand_cells(config)
 PAIRS = expand_pairs(config, CELLS)
 CELL_FILES = [cell.path(RUN) for cell in CELLS]
 PAIR_FILES = [pair.path(RUN) for pair in PAIRS]
-PROBE_TABLES = ("steps", "layers", "patching")
 PROBE_FILES = [f"results/{RUN}/probes/{model}/{bench}/{probe}/{table}.parquet"
-               for probe, model, bench in probe_targets(config) for table in PROBE_TABLES]
+               for probe, model, bench in probe_targets(config) for table in PROBE_TABLES[probe]]
 SUMMARY_DIR = f"results/{RUN}/summary"
 SUMMARIES = [f"{SUMMARY_DIR}/{name}" for name in SUMMARY_FILES]
 REPORT = f"reports/{RUN}/index.html"
@@ -38,7 +37,7 @@ wildcard_constraints:
     a=r"[A-Za-z0-9_.]+",
     b=r"[A-Za-z0-9_.]+",
     context=r"[A-Za-z0-9_.-]+",
-    probe=r"kv_cache",
+    probe=r"kv_cache|precision",
 
 
 def cell_of(wildcards):
@@ -68,9 +67,10 @@ def pair_id(wildcards):
     return pair_of(wildcards).id
 
 
-def probe_settings_json(wildcards):
-    return json.dumps(probe_settings(config, wildcards.probe, wildcards.model, wildcards.benchmark),
-                      sort_keys=True)
+def probe_settings_json(probe):
+    def lookup(wildcards):
+        return json.dumps(probe_settings(config, probe, wildcards.model, wildcards.benchmark), sort_keys=True)
+    return lookup
 
 
 def generate_threads(wildcards):

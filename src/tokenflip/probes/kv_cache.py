@@ -24,7 +24,7 @@ from .. import provenance, storage
 from ..benchmarks import build_benchmark
 from ..cell import eos_ids, prompt_token_ids, seed_everything
 from ..models import load_prepared
-from .replay import prefill_cache, replay
+from .replay import all_layers, prefill_cache, replay
 
 TABLES = ("steps", "layers", "patching")
 
@@ -77,7 +77,7 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
     for t in patch_steps(kl, flips, n_patch):
         upto = on.tokens[: t + 1]
         residual = replay(model, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
-                          patch_residual={t - 1: off.layer_outputs[t - 1]}, **kwargs)
+                          patch_residual={t - 1: all_layers(off.layer_outputs[t - 1])}, **kwargs)
         kv = replay(model, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
                     patch_cache={t: lambda t=t: prefill_cache(model, prompt, on.tokens[: t - 1])}, **kwargs)
         for kind, logits in (("none", on.logits[t]), ("residual", residual.logits[t]), ("kv_cache", kv.logits[t])):

@@ -39,7 +39,7 @@ class Replay:
 class _Capture(StepHooks):
     """Records full logits and layer outputs; optionally patches one step."""
 
-    def __init__(self, model, patch_residual: dict[int, torch.Tensor] | None = None,
+    def __init__(self, model, patch_residual: dict[int, dict[int, torch.Tensor]] | None = None,
                  patch_cache: dict[int, Callable[[], object]] | None = None):
         self.logits: list[torch.Tensor] = []
         self.layers: list[list[torch.Tensor]] = []
@@ -53,10 +53,10 @@ class _Capture(StepHooks):
     def _make_hook(self, index: int):
         def hook(module, args, output):
             hidden = _hidden(output)
-            patch = self._patch_residual.get(self._step)
+            patch = self._patch_residual.get(self._step, {}).get(index)
             if patch is not None:
                 hidden = hidden.clone()
-                hidden[:, -1] = patch[index].to(hidden.device, hidden.dtype)
+                hidden[:, -1] = patch.to(hidden.device, hidden.dtype)
                 output = _with_hidden(output, hidden)
             self._current.append(hidden[0, -1].detach().float().cpu())
             return output if patch is not None else None
@@ -82,13 +82,13 @@ class _Capture(StepHooks):
 
 def replay(model, prompt_ids: Sequence[int], *, use_cache: bool, max_new_tokens: int,
            eos_token_ids: Sequence[int], pad_token_id: int, tokens: Sequence[int] | None = None,
-           patch_residual: dict[int, torch.Tensor] | None = None,
+           patch_residual: dict[int, dict[int, torch.Tensor]] | None = None,
            patch_cache: dict[int, Callable[[], object]] | None = None) -> Replay:
     """Free greedy generation (tokens=None) or a teacher-forced replay of `tokens`, batch
     size 1, recording full logits and layer outputs at every step.
 
-    `patch_residual[step]` replaces every layer's output at the current position of that
-    step ([L, H]); `patch_cache[step]()` returns a KV cache that replaces the running one
+    `patch_residual[step][layer]` replaces that layer's output at the current position of
+    that step ([H]); `patch_cache[step]()` returns a KV cache that replaces the running one
     just before that step."""
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
     mask = torch.ones_like(ids)
@@ -103,6 +103,11 @@ def replay(model, prompt_ids: Sequence[int], *, use_cache: bool, max_new_tokens:
         capture.close()
     return Replay(tokens=result.generations[0].token_ids, logits=torch.stack(capture.logits),
                   layer_outputs=torch.stack([torch.stack(layer) for layer in capture.layers]))
+
+
+def all_layers(layer_outputs: torch.Tensor) -> dict[int, torch.Tensor]:
+    """A residual patch for every layer from one step's [L, H] layer outputs."""
+    return {i: layer_outputs[i] for i in range(layer_outputs.shape[0])}
 
 
 def prefill_cache(model, prompt_ids: Sequence[int], tokens: Sequence[int]):

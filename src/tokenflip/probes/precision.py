@@ -1,0 +1,119 @@
+"""Cross-precision probe: where two precisions part, and which layer or state carries it
+(arXiv 2609.26621 §7: grafting, KV-cache grafting, logit lens, per-layer drift).
+
+For each prompt of a subset, precision a's greedy trajectory is generated and replayed
+through precision b (teacher forcing). At identical inputs we record per step KL(a‖b),
+whether the argmax differs, both margins, and the L2 distance of every layer's output.
+At the first flip steps we then ask what fixes the flip in run a:
+- layer grafting: replace one layer's output (current position) by precision b's;
+- KV-cache grafting: replace the whole KV cache by precision b's (same trajectory);
+- logit lens: do the two precisions agree on top-1 / top-2 when each layer's output is
+  read through the final norm and the LM head?
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from .. import provenance, storage
+from ..benchmarks import build_benchmark
+from ..cell import eos_ids, prompt_token_ids, seed_everything
+from ..models import load_prepared
+from .kv_cache import _margin, kl_divergence
+from .replay import decoder_layers, prefill_cache, replay
+
+TABLES = ("steps", "layers", "grafting", "lens")
+
+
+def _cast_cache(cache, dtype: torch.dtype):
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None:
+            layer.keys = layer.keys.to(dtype)
+            layer.values = layer.values.to(dtype)
+    return cache
+
+
+@torch.inference_mode()
+def _lens_top2(model, layer_outputs: torch.Tensor) -> torch.Tensor:
+    """Top-2 token ids of each layer's output read through the final norm and LM head;
+    column 0 is the argmax (as decoding breaks ties), column 1 the best other token."""
+    norm = model.get_decoder().norm
+    head = model.get_output_embeddings()
+    logits = head(norm(layer_outputs.to(model.device, model.dtype))).float()
+    first = logits.argmax(-1)
+    second = logits.scatter(-1, first[:, None], float("-inf")).argmax(-1)
+    return torch.stack([first, second], dim=-1).cpu()
+
+
+def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
+                 n_flips: int) -> dict[str, list[dict[str, Any]]]:
+    kw = dict(eos_token_ids=eos, pad_token_id=pad)
+    a = replay(model_a, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kw)
+    b = replay(model_b, prompt, use_cache=True, max_new_tokens=max_new_tokens, tokens=a.tokens, **kw)
+    kl = kl_divergence(a.logits, b.logits).numpy()
+    top_a, top_b = a.logits.argmax(-1), b.logits.argmax(-1)
+    margin_a, margin_b = _margin(a.logits).numpy(), _margin(b.logits).numpy()
+    flips = [t for t in range(len(kl)) if top_a[t] != top_b[t]]
+    steps = [{"step": t, "kl": float(kl[t]), "flip": bool(top_a[t] != top_b[t]),
+              "margin_a": float(margin_a[t]), "margin_b": float(margin_b[t])} for t in range(len(kl))]
+    diff = (a.layer_outputs - b.layer_outputs).norm(dim=-1).numpy()
+    layers = [{"step": t, "layer": layer, "l2": float(diff[t, layer])}
+              for t in range(diff.shape[0]) for layer in range(diff.shape[1])]
+    grafting, lens = [], []
+    n_layers = len(decoder_layers(model_a))
+    for t in flips[:n_flips]:
+        upto = a.tokens[: t + 1]
+        for layer in range(n_layers):
+            g = replay(model_a, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
+                       patch_residual={t: {layer: b.layer_outputs[t, layer]}}, **kw)
+            grafting.append({"step": t, "graft": f"layer {layer}", "layer": layer,
+                             "fixed": bool(g.logits[t].argmax() == top_b[t])})
+        if t >= 1:
+            def b_cache(t=t):
+                return _cast_cache(prefill_cache(model_b, prompt, a.tokens[: t - 1]), model_a.dtype)
+            g = replay(model_a, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
+                       patch_cache={t: b_cache}, **kw)
+            grafting.append({"step": t, "graft": "kv cache", "layer": -1,
+                             "fixed": bool(g.logits[t].argmax() == top_b[t])})
+        lens_a, lens_b = _lens_top2(model_a, a.layer_outputs[t]), _lens_top2(model_b, b.layer_outputs[t])
+        for layer in range(n_layers):
+            lens.append({"step": t, "layer": layer,
+                         "top1_agree": bool(lens_a[layer, 0] == lens_b[layer, 0]),
+                         "top2_agree": bool(set(lens_a[layer].tolist()) == set(lens_b[layer].tolist()))})
+    return {"steps": steps, "layers": layers, "grafting": grafting, "lens": lens}
+
+
+def run_probe(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """Run the precision probe for one model × benchmark and each configured precision pair."""
+    out_dir = Path(out_dir)
+    seed_everything(int(settings["run_seed"]))
+    if settings.get("threads"):
+        torch.set_num_threads(int(settings["threads"]))
+    bench = build_benchmark(settings["benchmark_name"], settings["benchmark"])
+    items = bench.items()[: int(settings["prompts"])]
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
+    env = manifest = None
+    for prec_a, prec_b in settings["pairs"]:
+        model_a, tokenizer, manifest = load_prepared(model_dir, prec_a, settings["device"])
+        model_b, _, _ = load_prepared(model_dir, prec_b, settings["device"])
+        env = env or provenance.environment(model_a.device)
+        eos = eos_ids(model_a, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        for item in items:
+            prompt = prompt_token_ids(tokenizer, bench.messages(item))
+            result = probe_prompt(model_a, model_b, prompt, int(settings["max_new_tokens"]), eos, pad,
+                                  int(settings["flips"]))
+            for name in TABLES:
+                rows[name].extend({"a": prec_a, "b": prec_b, "prompt_id": item.id, **r} for r in result[name])
+        del model_a, model_b
+    meta = {"kind": "probe", "probe": "precision", "settings": settings, "model": manifest,
+            "benchmark": bench.describe(), "environment": env}
+    for name in TABLES:
+        storage.write_table(pa.Table.from_pandas(pd.DataFrame(rows[name]), preserve_index=False),
+                            out_dir / f"{name}.parquet", meta)
+    return meta
