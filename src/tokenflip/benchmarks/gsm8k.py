@@ -1,20 +1,34 @@
-"""GSM8K grade-school math, loaded from a local JSONL file or the Hugging Face hub."""
+"""GSM8K grade-school math, loaded from a local file or the Hugging Face hub, prompted 0-shot
+in chat or few-shot with chain-of-thought exemplars drawn by seed from a separate pool."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterable
+import random
+import re
 from pathlib import Path
 
 from .answers import normalize_answer
-from .base import BenchmarkError, Item, MathBenchmark
+from .base import MATH_SYSTEM_PROMPT, BenchmarkError, Item, MathBenchmark
+from .sources import Source, check_local, load_records
 
-__all__ = ["GSM8KBenchmark", "DEFAULT_HUB_ID", "DEFAULT_CONFIG", "DEFAULT_SPLIT", "gold_from_answer"]
+__all__ = [
+    "GSM8KBenchmark",
+    "DEFAULT_HUB_ID",
+    "DEFAULT_CONFIG",
+    "DEFAULT_SPLIT",
+    "DEFAULT_EXEMPLAR_SPLIT",
+    "PROMPTS",
+    "gold_from_answer",
+    "exemplar_answer",
+]
 
 DEFAULT_HUB_ID = "openai/gsm8k"
 DEFAULT_CONFIG = "main"
 DEFAULT_SPLIT = "test"
+DEFAULT_EXEMPLAR_SPLIT = "train"
+PROMPTS = ("chat", "fewshot")
+
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 
 def gold_from_answer(answer: str) -> str | None:
@@ -24,8 +38,13 @@ def gold_from_answer(answer: str) -> str | None:
     return normalize_answer(answer.rsplit("####", 1)[1].strip())
 
 
+def exemplar_answer(answer: str) -> str:
+    """A GSM8K answer as a worked exemplar: calculator annotations `<<...>>` removed."""
+    return _CALCULATOR.sub("", answer).strip()
+
+
 class GSM8KBenchmark(MathBenchmark):
-    """GSM8K problems in dataset order, prompted 0-shot in chat."""
+    """GSM8K problems in dataset order, prompted 0-shot in chat (default) or `shots`-shot."""
 
     kind = "gsm8k"
 
@@ -39,65 +58,55 @@ class GSM8KBenchmark(MathBenchmark):
         config: str = DEFAULT_CONFIG,
         split: str = DEFAULT_SPLIT,
         revision: str | None = None,
+        prompt: str = "chat",
+        shots: int = 8,
+        seed: int = 0,
+        exemplars: Source | None = None,
     ) -> None:
         super().__init__(name, n)
         self.path = Path(path) if path is not None else None
         self.hub, self.config, self.split, self.revision = hub, config, split, revision
-        if self.path is not None and not self.path.is_file():
-            raise BenchmarkError(f"{self._label()}: local file not found: {self.path}")
+        if self.path is not None:
+            self.source = Source(path=self.path)
+        else:
+            self.source = Source(hub=hub, config=config, split=split, revision=revision)
+        check_local(self._label(), self.source)
+        if prompt not in PROMPTS:
+            raise BenchmarkError(f"{self._label()}: prompt must be one of {list(PROMPTS)}, got {prompt!r}")
+        for key, value, low in (("shots", shots, 1), ("seed", seed, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise BenchmarkError(f"{self._label()}: {key} must be an integer >= {low}, got {value!r}")
+        self.prompt, self.shots, self.seed = prompt, shots, seed
+        if exemplars is None and prompt == "fewshot":
+            exemplars = Source(hub=DEFAULT_HUB_ID, config=DEFAULT_CONFIG, split=DEFAULT_EXEMPLAR_SPLIT,
+                               revision=revision if self.path is None and hub == DEFAULT_HUB_ID else None)
+        self.exemplar_source = exemplars if prompt == "fewshot" else None
+        if self.exemplar_source is not None:
+            check_local(self._label() + " exemplars", self.exemplar_source)
         self._items: list[Item] | None = None
+        self._pool: list[tuple[str, str]] | None = None
+        self._order: list[int] | None = None
+
+    @property
+    def prompt_format(self) -> str:
+        if self.prompt == "chat":
+            return "chat, 0-shot"
+        return f"chat, {self.shots}-shot chain-of-thought (multi-turn exemplars, seed {self.seed})"
 
     def _label(self) -> str:
         return f"benchmark {self.name!r} (gsm8k)"
 
     def source_label(self) -> str:
         """The source tried: the local path, or hub id@revision."""
-        if self.path is not None:
-            return str(self.path)
-        return f"{self.hub}@{self.revision or 'unpinned'} (config {self.config!r}, split {self.split!r})"
-
-    def _records(self) -> Iterable[dict]:
-        if self.path is not None:
-            return self._read_jsonl()
-        return self._load_hub()
-
-    def _read_jsonl(self) -> list[dict]:
-        records = []
-        try:
-            with self.path.open(encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise BenchmarkError(f"{self._label()}: bad JSON in {self.path}:{lineno}: {e}") from e
-                    if self.n is not None and len(records) >= self.n:
-                        break
-        except OSError as e:
-            raise BenchmarkError(f"{self._label()}: cannot read {self.path}: {e}") from e
-        return records
-
-    def _load_hub(self) -> Iterable[dict]:
-        try:
-            import datasets
-
-            return datasets.load_dataset(self.hub, self.config, split=self.split, revision=self.revision)
-        except Exception as e:
-            raise BenchmarkError(
-                f"{self._label()}: cannot load from the Hugging Face hub {self.source_label()}: "
-                f"{type(e).__name__}: {e}"
-            ) from e
+        return self.source.label()
 
     def items(self) -> list[Item]:
         """The first n records (all if n is None or larger than the split)."""
         if self._items is None:
-            items = []
-            for index, record in enumerate(self._records()):
-                if self.n is not None and index >= self.n:
-                    break
-                items.append(self._item(index, record))
-            self._items = items
+            records = load_records(self._label(), self.source)
+            if self.n is not None:
+                records = records[: self.n]
+            self._items = [self._item(index, record) for index, record in enumerate(records)]
         return list(self._items)
 
     def _item(self, index: int, record: dict) -> Item:
@@ -111,10 +120,71 @@ class GSM8KBenchmark(MathBenchmark):
             raise BenchmarkError(f"{where} has no numeric answer after '####'")
         return Item(id=f"gsm8k-{index:04d}", question=question, gold=gold, solution=answer)
 
+    def _exemplar_pool(self) -> tuple[list[tuple[str, str]], list[int]]:
+        if self._pool is None:
+            where = f"{self._label()} exemplars"
+            pool = []
+            for index, record in enumerate(load_records(where, self.exemplar_source)):
+                try:
+                    question, answer = record["question"], record["answer"]
+                except (KeyError, TypeError) as e:
+                    raise BenchmarkError(f"{where}: record {index} lacks 'question'/'answer'") from e
+                if gold_from_answer(answer) is None:
+                    raise BenchmarkError(f"{where}: record {index} has no numeric answer after '####'")
+                pool.append((question, exemplar_answer(answer)))
+            if len(pool) <= self.shots:
+                raise BenchmarkError(f"{where}: {len(pool)} records, need more than shots={self.shots}")
+            order = list(range(len(pool)))
+            random.Random(self.seed).shuffle(order)
+            self._pool, self._order = pool, order
+        return self._pool, self._order
+
+    def exemplar_indices(self, item: Item) -> list[int]:
+        """Pool indices of the item's exemplars: the first `shots` of the seeded order whose
+        question is not the item's own."""
+        pool, order = self._exemplar_pool()
+        own = item.question.strip()
+        chosen = []
+        for index in order:
+            if pool[index][0].strip() != own:
+                chosen.append(index)
+                if len(chosen) == self.shots:
+                    break
+        return chosen
+
+    def messages(self, item: Item) -> list[dict]:
+        """System instruction, then (fewshot) one user/assistant turn per exemplar, then the question."""
+        messages = [{"role": "system", "content": MATH_SYSTEM_PROMPT}]
+        if self.prompt == "fewshot":
+            pool, _ = self._exemplar_pool()
+            for index in self.exemplar_indices(item):
+                question, answer = pool[index]
+                messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        messages.append({"role": "user", "content": item.question})
+        return messages
+
     def describe(self) -> dict:
-        """Provenance: local path and its sha256, or hub id, config, split and revision."""
-        if self.path is not None:
-            source = {"path": str(self.path), "sha256": hashlib.sha256(self.path.read_bytes()).hexdigest()}
-        else:
-            source = {"hub": self.hub, "config": self.config, "split": self.split, "revision": self.revision}
-        return self._describe(source)
+        """Provenance: the source (local path and sha256, or hub coordinates), the number of items
+        and, for few-shot, the exemplar source, seed, indices and per-item substitutions."""
+        info = self._describe(self.source.describe())
+        info["n_requested"] = self.n
+        info["n"] = len(self.items())
+        info["prompt"] = self.prompt
+        if self.prompt == "fewshot":
+            _, order = self._exemplar_pool()
+            default = order[: self.shots]
+            substitutions = {}
+            for item in self.items():
+                chosen = self.exemplar_indices(item)
+                if chosen != default:
+                    substitutions[item.id] = chosen
+            info["fewshot"] = {
+                "shots": self.shots,
+                "seed": self.seed,
+                "selection": "first `shots` of random.Random(seed).shuffle(pool indices), skipping the item itself",
+                "exemplar_format": "question as user turn; answer without <<calculator>> annotations, ending '#### N'",
+                "source": self.exemplar_source.describe(),
+                "exemplar_indices": default,
+                "substitutions": substitutions,
+            }
+        return info

