@@ -1,6 +1,7 @@
 """`tokenflip` command line: what the Snakemake rules call, and what people call by hand.
 
-Exit codes: 0 success, 1 usage or input error (message on stderr), 2 command-line syntax.
+Exit codes: 0 success, 1 usage or input error (message on stderr), 2 command-line syntax,
+3 `diff-runs` found cells that differ.
 """
 
 from __future__ import annotations
@@ -100,6 +101,42 @@ def cmd_digest(args) -> None:
         print(f"{meta['token_stream_sha256']}  {path}")
 
 
+def cmd_diff_runs(args) -> None:
+    """Exit status 0 when every shared cell is bitwise identical, 3 when some differ."""
+    from pathlib import Path
+
+    from .compare import compare_tables
+    from .storage import read_metadata, read_table
+
+    roots = [Path(args.run_a) / "cells", Path(args.run_b) / "cells"]
+    ids = [{str(p.relative_to(r))[: -len(".parquet")] for p in r.rglob("*.parquet")} for r in roots]
+    shared = sorted(ids[0] & ids[1])
+    if not shared:
+        raise SystemExit(f"tokenflip diff-runs: no cell is in both {roots[0]} and {roots[1]}")
+    differing = 0
+    for cell_id in shared:
+        paths = [r / f"{cell_id}.parquet" for r in roots]
+        metas = [read_metadata(p) for p in paths]
+        machines = " vs ".join(m["environment"]["device"]["name"] for m in metas)
+        if metas[0]["token_stream_sha256"] == metas[1]["token_stream_sha256"]:
+            same_logits = metas[0]["logits_sha256"] == metas[1]["logits_sha256"]
+            print(f"identical  {cell_id}  (tokens{' and logits' if same_logits else ', logits differ'}; {machines})")
+            continue
+        differing += 1
+        k = int(metas[0]["settings"]["record_top_k"])
+        per_prompt = compare_tables(read_table(paths[0])[0], read_table(paths[1])[0], k).to_pandas()
+        diverged = per_prompt[~per_prompt["identical"]]
+        first = diverged.sort_values("first_div_step").iloc[0]
+        print(f"DIFFERENT  {cell_id}  {len(diverged)}/{len(per_prompt)} prompts; earliest at step "
+              f"{int(first['first_div_step'])} of {first['prompt_id']} ({machines})")
+    only = sorted(ids[0] ^ ids[1])
+    for cell_id in only:
+        print(f"only in {'a' if cell_id in ids[0] else 'b'}  {cell_id}")
+    print(f"{len(shared) - differing} identical, {differing} different, {len(only)} in one run only")
+    if differing:
+        raise SystemExit(3)
+
+
 def cmd_plan(args) -> None:
     config, cells, pairs = _plan(args)
     for cell in cells:
@@ -160,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("digest", help="print the token-stream sha256 of cell files")
     p.add_argument("cells", nargs="+")
     p.set_defaults(func=cmd_digest)
+
+    p = sub.add_parser("diff-runs", help="which cells of two run directories are bitwise identical, "
+                                         "and where the others first differ (exit 3 if any differ)")
+    p.add_argument("run_a", help="results/<run> directory (e.g. from a workstation)")
+    p.add_argument("run_b", help="results/<run> directory (e.g. from a cluster)")
+    p.set_defaults(func=cmd_diff_runs)
 
     p = sub.add_parser("plan", help="list the cells and pairs a config defines")
     _config_args(p)

@@ -119,6 +119,25 @@ def kv_claims(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def flip_table(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per probed prompt: the first step where cache-off would pick another token, with the
+    KL and margin there and the largest KL before it (paper Fig. 4's data)."""
+    if steps.empty:
+        return []
+    rows = []
+    for (model, precision, prompt), g in steps.sort_values("step").groupby(["model", "precision", "prompt_id"]):
+        flips = g[g["flip"]]
+        first = flips.iloc[0] if len(flips) else None
+        before = g[g["step"] < first["step"]] if first is not None else g
+        rows.append({"model": model, "precision": precision, "prompt_id": prompt,
+                     "first_flip": int(first["step"]) if first is not None else None,
+                     "kl_at_flip": float(first["kl"]) if first is not None else None,
+                     "margin_at_flip": float(first["margin_on"]) if first is not None else None,
+                     "max_kl_before": float(before["kl"].max()) if len(before) else None,
+                     "min_margin_before": float(before["margin_on"].min()) if len(before) else None})
+    return rows
+
+
 def kl_figure(steps: pd.DataFrame) -> str | None:
     """Per-step KL(ON‖OFF) along a shared trajectory, per precision, log scale (paper Fig. 3)."""
     if steps.empty:
@@ -266,6 +285,33 @@ def precision_drift_figure(layers: pd.DataFrame) -> str | None:
     return _svg(fig)
 
 
+def cv_heuristic(cells: pd.DataFrame, interventions: pd.DataFrame) -> list[dict[str, Any]]:
+    """CV of the top-2 margin in one 16-bit run (no intervention, batch size 1) against the
+    lift each intervention measured, per model × benchmark; Spearman across those points.
+    In-sample: the same prompts give both numbers."""
+    from scipy.stats import spearmanr
+
+    if cells.empty or interventions.empty or "cv_margin" not in cells:
+        return []
+    done = interventions[(interventions["status"] == "done") & (interventions["intervention"] != "none")
+                         & (interventions["batch_size"] == 1)]
+    base = cells[(cells["status"] == "done") & (cells["intervention"] == "none") & (cells["batch_size"] == 1)]
+    out = []
+    for name, group in done.groupby("intervention"):
+        points = []
+        for r in group.itertuples():
+            cv = base[(base["model"] == r.model) & (base["benchmark"] == r.benchmark) & (base["precision"] == r.a)
+                      & (base["cache"] == r.cache)]["cv_margin"]
+            if len(cv):
+                points.append((float(cv.iloc[0]), float(r.lift)))
+        rho = p = float("nan")
+        if len(points) >= 3:
+            res = spearmanr([x for x, _ in points], [y for _, y in points])
+            rho, p = float(res.statistic), float(res.pvalue)
+        out.append({"intervention": name, "points": len(points), "rho": rho, "p": p})
+    return out
+
+
 def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
            title: str | None = None) -> Path:
     summary_dir, out_path = Path(summary_dir), Path(out_path)
@@ -298,6 +344,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         intervention_rows=interventions_df.to_dict("records") if not interventions_df.empty else [],
         fig_interventions=intervention_figure(interventions_df),
         fig_batch=batch_figure(interventions_df),
+        cv_rows=cv_heuristic(cells_df, interventions_df),
         grafting_rows=grafting_table(_read_optional(summary_dir / "precision_grafting.parquet")),
         lens_rows=lens_table(_read_optional(summary_dir / "precision_lens.parquet")),
         fig_precision_drift=precision_drift_figure(_read_optional(summary_dir / "precision_layers.parquet")),
@@ -305,6 +352,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         precision_probe_steps=len(prec_steps),
         kv=kv_claims(kv_rows),
         fig_kl=kl_figure(kv_steps),
+        flip_rows=flip_table(kv_steps),
         fig_flip_kl=flip_kl_figure(kv_steps),
         fig_drift=drift_figure(kv_layers),
         fig_patching=patching_figure(kv_patching),

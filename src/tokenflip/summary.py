@@ -34,14 +34,18 @@ def cell_rows(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
                 correct = pq.read_table(path, columns=["correct", "n_tokens", "intervened", "margin"])
                 steps = pc.sum(correct.column("n_tokens")).as_py() or 0
                 fired = pc.sum(pc.list_flatten(correct.column("intervened")).cast(pa.int64())).as_py() or 0
-                mean_margin = pc.mean(pc.list_flatten(correct.column("margin"))).as_py()
+                flat_margin = pc.list_flatten(correct.column("margin"))
+                mean_margin = pc.mean(flat_margin).as_py()
+                std_margin = pc.stddev(flat_margin).as_py()
                 acc = pd.Series(correct.column("correct").to_pylist(), dtype="boolean").fillna(False)
                 row.update(status="done", n_prompts=correct.num_rows, accuracy=float(acc.mean()),
                            generated_tokens=int(steps),
                            wall_seconds=meta["wall_seconds"], token_stream_sha256=meta["token_stream_sha256"],
                            logits_sha256=meta["logits_sha256"], device=meta["environment"]["device"]["name"],
                            trigger_rate=fired / steps if steps else float("nan"),
-                           mean_margin=float("nan") if mean_margin is None else float(mean_margin))
+                           mean_margin=float("nan") if mean_margin is None else float(mean_margin),
+                           cv_margin=float(std_margin / mean_margin) if mean_margin and std_margin is not None
+                           else float("nan"))
             except storage.StorageError as exc:
                 row.update(status="unreadable", error=str(exc))
         rows.append(row)
