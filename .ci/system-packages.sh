@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python: a real single-node SLURM cluster
+# System packages the test suite needs beyond Python: headless Chromium for the report
+# test, and a real single-node SLURM cluster
 # (tests/slurm_cluster.py starts munged, slurmctld and slurmd by hand; no systemd).
 # Idempotent: does nothing when everything is installed. Debian/Ubuntu (apt) only.
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client munge)
+PACKAGES=(slurmctld slurmd slurm-client munge chromium)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -127,7 +127,9 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
         rows["correct_b"].append(b.column("correct")[j].as_py())
         rows["extracted_a"].append(ex_a)
         rows["extracted_b"].append(ex_b)
-        rows["same_answer"].append(ex_a is not None and ex_a == ex_b)
+        # Identical completions agree by definition; otherwise the extracted answers decide
+        # (two completions that both give no answer agree on having none).
+        rows["same_answer"].append(identical or ex_a == ex_b)
     return pa.table(rows)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,22 @@ _TEMPLATES.filters["fmt"] = _fmt
 _TEMPLATES.filters["pct"] = _pct
 
 
+# Inline SVGs are shown at this multiple of their size in points, so that every figure's
+# text reads at the same size (about 14 px for seaborn's "paper" context) whatever its
+# figsize; CSS shrinks them to the column on narrow screens.
+FIGURE_SCALE = 1.3
+
+
 def _svg(fig) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight")
     plt.close(fig)
     svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+    svg = svg[svg.index("<svg"):]
+    head, rest = svg.split(">", 1)
+    head = re.sub(r'\b(width|height)="([0-9.]+)pt"',
+                  lambda m: f'{m.group(1)}="{float(m.group(2)) * FIGURE_SCALE:.1f}pt"', head)
+    return f"{head}>{rest}"
 
 
 def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str | None:
@@ -59,12 +70,13 @@ def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str
         return None
     order = [p for p in pairs.sort_values(["axis", "label", "context"])["pair_id"]
              if p in set(first_div["pair_id"])]
-    labels = {r.pair_id: f"{r.label} [{r.context}]" for r in pairs.itertuples()}
+    labels = {r.pair_id: f"{r.label}\n[{r.context}]" for r in pairs.itertuples()}
     data = first_div.assign(pair=first_div["pair_id"].map(labels))
     sns.set_theme(style="whitegrid", context="paper")
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(order) + 1.2))
+    fig, ax = plt.subplots(figsize=(6, 0.5 * len(order) + 1.0))
     sns.stripplot(data=data, x="first_div_step", y="pair", order=[labels[p] for p in order],
                   hue="axis", jitter=0.15, size=5, ax=ax, legend=True)
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ax.set_xlabel("first divergence step (generated tokens)")
     ax.set_ylabel("")
     return _svg(fig)
@@ -195,8 +207,10 @@ def patching_figure(patching: pd.DataFrame) -> str | None:
     data = patching.assign(kl_plot=patching["kl"].clip(lower=1e-20))
     sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 3.2))
+    # Log scale set after drawing: seaborn's log_scale=(False, True) drops bars that start at 0.
     sns.barplot(data=data, x="precision", y="kl_plot", hue="patch", hue_order=["none", "residual", "kv_cache"],
-                estimator="median", errorbar=None, ax=ax, log_scale=(False, True))
+                estimator="median", errorbar=None, ax=ax)
+    ax.set_yscale("log")
     ax.set_ylabel("KL to cache-OFF at the patched step (median)")
     return _svg(fig)
 
@@ -372,36 +386,46 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
 
 
 # Every table of the report, as the CSV file written beside it (tables/<name>.csv): the
-# template variable that holds its rows -> file name. Full-precision values, one row per
-# HTML row, plus the columns the HTML leaves out (ids, statuses, errors).
+# template variable that holds its rows -> file name. Any other `<name>_rows` variable is
+# written as <name>.csv. Full-precision values, one row per HTML row, plus the columns the
+# HTML leaves out (ids, statuses, errors).
 TABLE_FILES = {
     "pairs": "pairs.csv",
     "cells": "cells.csv",
     "kv_rows": "kv_cache.csv",
-    "patching_rows": "patching.csv",
     "precision_rows": "precision.csv",
     "intervention_rows": "interventions.csv",
-    "grafting_rows": "grafting.csv",
-    "lens_rows": "lens.csv",
+    "cv_rows": "cv_heuristic.csv",
 }
+
+
+def _table_files(context: dict[str, Any]) -> dict[str, str]:
+    files = dict(TABLE_FILES)
+    for key in sorted(context):
+        if key.endswith("_rows") and key not in files:
+            files[key] = f"{key.removesuffix('_rows')}.csv"
+    return files
 
 
 def write_tables(context: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Write each table the report shows as CSV into `out_dir`; a table the report does
-    not show (no rows) has no file, and a stale one from an earlier render is removed."""
+    not show (no rows) has no file, and a stale CSV from an earlier render is removed."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for key, name in TABLE_FILES.items():
+    for key, name in _table_files(context).items():
         path = out_dir / name
-        rows = context.get(key) or []
-        if not rows:
+        rows = context.get(key)
+        if not isinstance(rows, list) or not rows:
             path.unlink(missing_ok=True)
             continue
         tmp = path.with_name(f".{name}.tmp")
         pd.DataFrame(rows).to_csv(tmp, index=False)
         tmp.replace(path)
         written.append(path)
+    for stale in out_dir.glob("*.csv"):
+        if stale not in written:
+            stale.unlink()
     return written
 
 

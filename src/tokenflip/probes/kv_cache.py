@@ -16,14 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 import torch
 
-from .. import provenance, storage
-from ..benchmarks import build_benchmark
-from ..cell import eos_ids, prompt_token_ids, seed_everything
+from .. import provenance
+from ..cell import prompt_token_ids
 from ..models import load_prepared
+from . import setup, special_ids, write_tables
 from .replay import all_layers, prefill_cache, replay
 
 TABLES = ("steps", "layers", "patching")
@@ -90,19 +88,13 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
 
 def run_probe(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Run the KV-cache probe for one model × benchmark over the configured precisions."""
-    out_dir = Path(out_dir)
-    seed_everything(int(settings["run_seed"]))
-    if settings.get("threads"):
-        torch.set_num_threads(int(settings["threads"]))
-    bench = build_benchmark(settings["benchmark_name"], settings["benchmark"])
-    items = bench.items()[: int(settings["prompts"])]
+    bench, items = setup(settings)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
-    env = None
+    env = manifest = None
     for precision in settings["precisions"]:
         model, tokenizer, manifest = load_prepared(model_dir, precision, settings["device"])
         env = env or provenance.environment(model.device)
-        eos = eos_ids(model, tokenizer)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos, pad = special_ids(model, tokenizer)
         for item in items:
             prompt = prompt_token_ids(tokenizer, bench.messages(item))
             result = probe_prompt(model, prompt, int(settings["max_new_tokens"]), eos, pad,
@@ -112,7 +104,5 @@ def run_probe(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Pa
         del model
     meta = {"kind": "probe", "probe": "kv_cache", "settings": settings, "model": manifest,
             "benchmark": bench.describe(), "environment": env}
-    for name in TABLES:
-        table = pa.Table.from_pandas(pd.DataFrame(rows[name]), preserve_index=False)
-        storage.write_table(table, out_dir / f"{name}.parquet", meta)
+    write_tables(out_dir, rows, meta)
     return meta

@@ -16,14 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-import pyarrow as pa
 import torch
 
-from .. import provenance, storage
-from ..benchmarks import build_benchmark
-from ..cell import eos_ids, prompt_token_ids, seed_everything
+from .. import provenance
+from ..cell import prompt_token_ids
 from ..models import load_prepared
+from . import setup, special_ids, write_tables
 from .kv_cache import _margin, kl_divergence
 from .replay import decoder_layers, prefill_cache, replay
 
@@ -90,20 +88,14 @@ def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: 
 
 def run_probe(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Run the precision probe for one model × benchmark and each configured precision pair."""
-    out_dir = Path(out_dir)
-    seed_everything(int(settings["run_seed"]))
-    if settings.get("threads"):
-        torch.set_num_threads(int(settings["threads"]))
-    bench = build_benchmark(settings["benchmark_name"], settings["benchmark"])
-    items = bench.items()[: int(settings["prompts"])]
+    bench, items = setup(settings)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
     env = manifest = None
     for prec_a, prec_b in settings["pairs"]:
         model_a, tokenizer, manifest = load_prepared(model_dir, prec_a, settings["device"])
         model_b, _, _ = load_prepared(model_dir, prec_b, settings["device"])
         env = env or provenance.environment(model_a.device)
-        eos = eos_ids(model_a, tokenizer)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos, pad = special_ids(model_a, tokenizer)
         for item in items:
             prompt = prompt_token_ids(tokenizer, bench.messages(item))
             result = probe_prompt(model_a, model_b, prompt, int(settings["max_new_tokens"]), eos, pad,
@@ -113,7 +105,5 @@ def run_probe(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Pa
         del model_a, model_b
     meta = {"kind": "probe", "probe": "precision", "settings": settings, "model": manifest,
             "benchmark": bench.describe(), "environment": env}
-    for name in TABLES:
-        storage.write_table(pa.Table.from_pandas(pd.DataFrame(rows[name]), preserve_index=False),
-                            out_dir / f"{name}.parquet", meta)
+    write_tables(out_dir, rows, meta)
     return meta

@@ -1,0 +1,404 @@
+"""The report in a real browser: headless Chromium loads reports/<run>/index.html from
+file://, driven over the DevTools protocol (--remote-debugging-pipe, so no websocket
+library and no TCP port). It must run without console errors or exceptions, request
+nothing but the file itself, show every section and draw every figure, and print the same
+numbers as the summary tables and the CSV files written beside it. A full-page screenshot
+lands in test-artifacts/report.png.
+
+The run directory is built in-process, job by job, with the command the Snakemake rules
+run (`tokenflip.cli.main`: prepare-model, generate, compare, probe, summarize, report) on a
+tiny random Llama with tests/test_workflow.py's configuration (longer answers, so that some
+prompts diverge). About 40 s on two cores, a few of them Chromium's.
+
+Chromium: $CHROMIUM or `chromium` on PATH (`bash .ci/system-packages.sh` installs Debian's);
+without one the browser tests fail when CI=true and are skipped otherwise."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tokenflip.report import _fmt
+from test_workflow import MODEL_A, _Rates, write_config
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+                  "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
+                  "--remote-debugging-pipe"]
+VIEWPORT = (1280, 900)
+NARROW = 720
+
+
+def find_chromium() -> str:
+    """Path of a Chromium binary, or fail (CI) / skip (elsewhere) with how to get one."""
+    for name in (os.environ.get("CHROMIUM"), *CHROMIUM_CANDIDATES):
+        if name and (path := shutil.which(name)):
+            return path
+    message = ("headless Chromium not found (looked for $CHROMIUM, " + ", ".join(CHROMIUM_CANDIDATES)
+               + "); install it with `bash .ci/system-packages.sh` (Debian's `chromium` package)")
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Looked up before the run is built, so that a missing browser costs nothing."""
+    return find_chromium()
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict[str, Any]:
+    """A real tiny run, built in this process by the command the Snakemake rules call
+    (`tokenflip.cli.main`, job by job): prepared model, cells, pairs, probes, summaries,
+    and the rendered report with its CSV tables."""
+    from tokenflip import cli
+    from tokenflip import config as cfg
+    from tokenflip.plan import cell_settings, expand_cells, expand_pairs, probe_settings, probe_targets
+
+    root = tmp_path_factory.mktemp("browser-run")
+    raw = yaml.safe_load(write_config(root, {"tiny-llama": MODEL_A}).read_text())
+    # Longer answers than test_workflow's, so that bf16 and fp32 part on some prompts and
+    # the first-divergence and margin figures have something to draw.
+    raw["benchmarks"]["arith"].update(n=6, max_new_tokens=16)
+    config = cfg.validate(raw)
+    config_json = json.dumps(config, sort_keys=True)
+    run_name = config["run"]
+    results = root / "results" / run_name
+    models = {name: root / "resources" / "models" / name for name in config["models"]}
+    cells = expand_cells(config)
+    jobs = [["prepare-model", "--spec", json.dumps(spec), "--out", str(models[name])]
+            for name, spec in config["models"].items()]
+    jobs += [["generate", "--quiet", "--settings", json.dumps(cell_settings(config, cell)),
+              "--model-dir", str(models[cell.model]), "--out", str(root / cell.path(run_name))] for cell in cells]
+    jobs += [["compare", str(root / pair.a.path(run_name)), str(root / pair.b.path(run_name)),
+              "--pair-id", pair.id, "--out", str(root / pair.path(run_name))]
+             for pair in expand_pairs(config, cells)]
+    jobs += [["probe", "--settings", json.dumps(probe_settings(config, probe, model, bench)),
+              "--model-dir", str(models[model]), "--out-dir", str(results / "probes" / model / bench / probe)]
+             for probe, model, bench in probe_targets(config)]
+    jobs += [["summarize", "--config-json", config_json, "--results", str(results),
+              "--out-dir", str(results / "summary")],
+             ["report", "--config-json", config_json, "--summary-dir", str(results / "summary"),
+              "--out", str(root / "reports" / run_name / "index.html")]]
+    for argv in jobs:
+        assert cli.main(argv) == 0, argv
+    return {"root": root, "config": config, "summary": results / "summary",
+            "report": root / "reports" / run_name / "index.html"}
+
+
+# ------------------------------------------------------------------ DevTools over a pipe
+
+
+class DevTools:
+    """Minimal Chrome DevTools Protocol client over --remote-debugging-pipe: the browser
+    reads NUL-terminated JSON commands on fd 3 and writes responses and events on fd 4."""
+
+    def __init__(self, binary: str, user_data_dir: Path):
+        to_browser_r, self._to_browser = os.pipe()
+        self._from_browser, from_browser_w = os.pipe()
+
+        def child_fds():
+            os.dup2(to_browser_r, 3)
+            os.dup2(from_browser_w, 4)
+
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}",
+             f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
+            preexec_fn=child_fds, close_fds=False)  # exec closes every fd but 0-4 (PEP 446)
+        os.close(to_browser_r)
+        os.close(from_browser_w)
+        self._next_id = 0
+        self._responses: dict[int, dict] = {}
+        self._inbox: queue.Queue = queue.Queue()
+        self.events: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        buf = b""
+        while chunk := os.read(self._from_browser, 1 << 16):
+            buf += chunk
+            *messages, buf = buf.split(b"\0")
+            for raw in messages:
+                self._inbox.put(json.loads(raw))
+        self._inbox.put(None)
+
+    def _pump(self, timeout: float) -> None:
+        msg = self._inbox.get(timeout=timeout)
+        if msg is None:
+            raise RuntimeError(f"Chromium closed the DevTools pipe:\n{self.stderr()}")
+        if "id" in msg:
+            self._responses[msg["id"]] = msg
+        else:
+            self.events.append(msg)
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 30) -> dict:
+        self._next_id += 1
+        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._to_browser, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while self._next_id not in self._responses:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no answer to {method} within {timeout}s")
+            self._pump(remaining)
+        answer = self._responses.pop(self._next_id)
+        if "error" in answer:
+            raise RuntimeError(f"{method}: {answer['error']}")
+        return answer["result"]
+
+    def wait_for(self, method: str, session: str | None = None, timeout: float = 30) -> dict:
+        seen = 0
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in self.events[seen:]:
+                if event["method"] == method and (session is None or event.get("sessionId") == session):
+                    return event
+            seen = len(self.events)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {method} within {timeout}s")
+            try:
+                self._pump(remaining)
+            except queue.Empty:
+                pass
+
+    def settle(self, quiet: float = 0.5) -> None:
+        """Drain events until none has arrived for `quiet` seconds."""
+        while True:
+            try:
+                self._pump(quiet)
+            except queue.Empty:
+                return
+
+    def stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close", timeout=5)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._to_browser)
+        os.close(self._from_browser)
+        self._stderr.close()
+
+
+# What the page reports about itself once loaded (evaluated in the page, returned as JSON).
+PAGE_PROBE = """(() => {
+  const box = el => { const r = el.getBoundingClientRect(); return [r.width, r.height]; };
+  const text = el => el ? el.textContent.trim() : null;
+  const tables = {};
+  for (const t of document.querySelectorAll("table[id]")) {
+    tables[t.id] = {headers: [...t.querySelectorAll("thead th")].map(text),
+                    rows: [...t.querySelectorAll("tbody tr")].map(tr => [...tr.cells].map(text))};
+  }
+  return {
+    title: document.title,
+    sections: [...document.querySelectorAll("main > section[id]")].map(s => s.id),
+    navTargets: [...document.querySelectorAll("nav a")].map(a => a.getAttribute("href")),
+    svgs: [...document.querySelectorAll("figure svg")].map(box),
+    figures: document.querySelectorAll("figure").length,
+    svgsPerSection: Object.fromEntries([...document.querySelectorAll("main > section[id]")].map(
+      sec => [sec.id, sec.querySelectorAll("figure svg").length])),
+    rates: Object.fromEntries([...document.querySelectorAll("tr[data-pair]")].map(
+      tr => [tr.dataset.pair, text(tr.querySelector("td.rate"))])),
+    tables,
+    pageWidth: document.documentElement.scrollWidth,
+    viewportWidth: window.innerWidth,
+    overflowing: [...document.querySelectorAll("main table, main pre, main figure")]
+      .filter(el => el.getBoundingClientRect().right > window.innerWidth + 1)
+      .map(el => el.id || el.tagName),
+    unwrapped: [...document.querySelectorAll("main table")]
+      .filter(t => !t.parentElement.classList.contains("table-wrap")).map(t => t.id || "(no id)"),
+  };
+})()"""
+
+
+NARROW_PROBE = """(() => ({
+  pageWidth: document.documentElement.scrollWidth,
+  viewportWidth: window.innerWidth,
+  scrolling: [...document.querySelectorAll(".table-wrap")].filter(w => w.scrollWidth > w.clientWidth)
+    .map(w => w.querySelector("table").id || "(no id)"),
+}))()"""
+
+
+@pytest.fixture(scope="module")
+def browser_page(chromium, run, tmp_path_factory) -> dict[str, Any]:
+    """Load the report in headless Chromium; returns what the page and the protocol saw."""
+    tools = DevTools(chromium, tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        target = tools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = tools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            tools.send(f"{domain}.enable", session=session)
+        tools.send("Emulation.setDeviceMetricsOverride", {"width": VIEWPORT[0], "height": VIEWPORT[1],
+                                                          "deviceScaleFactor": 1, "mobile": False},
+                   session=session)
+        start = len(tools.events)
+        url = run["report"].resolve().as_uri()
+        nav = tools.send("Page.navigate", {"url": url}, session=session)
+        assert "errorText" not in nav, nav
+        tools.wait_for("Page.loadEventFired", session=session, timeout=60)
+        tools.settle()
+        probe = tools.send("Runtime.evaluate", {"expression": PAGE_PROBE, "returnByValue": True},
+                           session=session)
+        assert "exceptionDetails" not in probe, probe["exceptionDetails"]
+        page = probe["result"]["value"]
+
+        # A narrow window: wide tables scroll inside their wrappers, the page does not.
+        tools.send("Emulation.setDeviceMetricsOverride", {"width": NARROW, "height": VIEWPORT[1],
+                                                          "deviceScaleFactor": 1, "mobile": False},
+                   session=session)
+        narrow = tools.send("Runtime.evaluate", {"expression": NARROW_PROBE, "returnByValue": True},
+                            session=session)["result"]["value"]
+
+        # Full page screenshot at the viewport width.
+        tools.send("Emulation.setDeviceMetricsOverride", {"width": VIEWPORT[0], "height": VIEWPORT[1],
+                                                          "deviceScaleFactor": 1, "mobile": False},
+                   session=session)
+        height = tools.send("Page.getLayoutMetrics", session=session)["cssContentSize"]["height"]
+        tools.send("Emulation.setDeviceMetricsOverride", {"width": VIEWPORT[0], "height": int(height) + 1,
+                                                          "deviceScaleFactor": 1, "mobile": False},
+                   session=session)
+        shot = tools.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
+                          session=session, timeout=60)
+        events = [e for e in tools.events[start:] if e.get("sessionId") == session]
+    finally:
+        tools.close()
+    return {"url": url, "page": page, "narrow": narrow, "events": events, "png": base64.b64decode(shot["data"])}
+
+
+# ------------------------------------------------------------------------------ the tests
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def test_report_loads_cleanly_in_chromium(browser_page, artifacts_dir):
+    (artifacts_dir / "report.png").write_bytes(browser_page["png"])
+    events = browser_page["events"]
+    console_errors = [e["params"] for e in events if e["method"] == "Runtime.consoleAPICalled"
+                      and e["params"]["type"] in ("error", "assert")]
+    exceptions = [e["params"]["exceptionDetails"] for e in events if e["method"] == "Runtime.exceptionThrown"]
+    log_errors = [e["params"]["entry"] for e in events if e["method"] == "Log.entryAdded"
+                  and e["params"]["entry"]["level"] == "error"]
+    requests = [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
+    assert not console_errors, console_errors
+    assert not exceptions, exceptions
+    assert not log_errors, log_errors
+    assert requests == [browser_page["url"]], f"the report must request nothing but itself: {requests}"
+    assert browser_page["png"][:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_section_and_figure_renders(browser_page, run):
+    page = browser_page["page"]
+    expected = {"headline", "pairs", "figures", "cells", "provenance", "definitions"}
+    if (run["summary"] / "kv_steps.parquet").exists() and pq.read_metadata(run["summary"] / "kv_steps.parquet").num_rows:
+        expected.add("kv-cache")
+    pairs = pq.read_table(run["summary"] / "pairs.parquet").to_pylist()
+    if any(p["axis"] == "precision" and p["status"] == "done" for p in pairs):
+        expected.add("precision")
+    assert expected <= set(page["sections"]), page["sections"]
+    # Every navigation link leads to a section on the page.
+    assert {href.lstrip("#") for href in page["navTargets"]} <= set(page["sections"])
+    # Figures are drawn: one SVG per figure, each with a visible box.
+    assert page["figures"] >= 3 and len(page["svgs"]) == page["figures"], page["svgs"]
+    assert all(w > 100 and h > 50 for w, h in page["svgs"]), page["svgs"]
+    first_div = pq.read_table(run["summary"] / "first_divergence.parquet")
+    assert first_div.num_rows > 0, "the tiny run should diverge somewhere, or the figures go untested"
+    assert page["svgsPerSection"]["figures"] == 2, page["svgsPerSection"]
+    if "kv-cache" in expected:
+        assert page["svgsPerSection"]["kv-cache"] >= 1, page["svgsPerSection"]
+    # Wide tables scroll inside their wrapper instead of widening the page.
+    assert not page["unwrapped"], page["unwrapped"]
+    assert page["pageWidth"] <= page["viewportWidth"], (page["pageWidth"], page["overflowing"])
+    narrow = browser_page["narrow"]
+    assert narrow["pageWidth"] <= narrow["viewportWidth"], narrow
+    assert "pairs-table" in narrow["scrolling"], narrow
+
+
+def test_dom_numbers_match_the_summary_tables(browser_page, run):
+    page = browser_page["page"]
+    pairs = pq.read_table(run["summary"] / "pairs.parquet").to_pylist()
+    assert page["rates"] == {p["pair_id"]: _pct(p["divergence_rate"]) for p in pairs if p["status"] == "done"}
+    cells = pq.read_table(run["summary"] / "cells.parquet").to_pylist()
+    dom_cells = {row[0]: row for row in page["tables"]["cells-table"]["rows"]}
+    assert set(dom_cells) == {c["cell_id"] for c in cells}
+    for c in cells:
+        row = dom_cells[c["cell_id"]]
+        assert row[1] == c["status"]
+        assert row[3] == _pct(c["accuracy"]) and row[4] == str(c["generated_tokens"])
+        assert row[6].rstrip("…") == c["token_stream_sha256"][:16]
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_tables_are_written_beside_the_report_as_csv(run):
+    """No browser needed: the CSV files against the HTML text and the summary tables."""
+    tables = run["report"].parent / "tables"
+    written = sorted(p.name for p in tables.iterdir())
+    assert {"pairs.csv", "cells.csv", "kv_cache.csv", "precision.csv", "interventions.csv"} <= set(written)
+    # One CSV per table with an id in the report (the provenance tables are metadata, not data).
+    html = run["report"].read_text()
+    table_ids = re.findall(r'<table id="([^"]+)"', html)
+    assert len(written) == len(table_ids), (written, table_ids)
+    rows = _read_csv(tables / "pairs.csv")
+    pairs = pq.read_table(run["summary"] / "pairs.parquet").to_pylist()
+    assert len(rows) == len(pairs) and {r["pair_id"] for r in rows} == {p["pair_id"] for p in pairs}
+    # The CSV holds the full-precision numbers the HTML shows rounded.
+    parser = _Rates()
+    parser.feed(html)
+    assert parser.rates == {r["pair_id"]: _pct(float(r["divergence_rate"])) for r in rows if r["status"] == "done"}
+    by_id = {p["pair_id"]: p for p in pairs}
+    assert all(float(r["divergence_rate"]) == by_id[r["pair_id"]]["divergence_rate"] for r in rows)
+    assert [r["cell_id"] for r in _read_csv(tables / "cells.csv")] == sorted(
+        c["cell_id"] for c in pq.read_table(run["summary"] / "cells.parquet").to_pylist())
+
+
+def test_csv_tables_match_the_rendered_dom(browser_page, run):
+    tables = run["report"].parent / "tables"
+    kv = _read_csv(tables / "kv_cache.csv")
+    dom_kv = browser_page["page"]["tables"]["kv-table"]["rows"]
+    assert [(r[3], r[5], r[9]) for r in dom_kv] == [
+        (r["precision"], f"{r['n_diverged']} / {r['n_prompts']}", _fmt(float(r["max_abs_dlogit"]))) for r in kv]
+    precision = _read_csv(tables / "precision.csv")
+    dom_prec = browser_page["page"]["tables"]["precision-table"]["rows"]
+    assert [r[5].split(" ")[0] for r in dom_prec] == [_pct(float(r["exact_agreement"])) for r in precision]
