@@ -1,12 +1,19 @@
 """Shared fixtures: prepared tiny random models of real architectures, the prepared
-default model, and paths to the repository and the shared benchmark data."""
+default model, paths to the repository and the shared benchmark data, and a finished tiny
+study run by the real Snakemake (for the incremental and reliability tests)."""
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -51,3 +58,70 @@ def prepared_models(tmp_path_factory):
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+# --- The real `snakemake` CLI on tiny studies ------------------------------------------------
+
+SNAKEFILE = REPO / "Snakefile"
+DEFAULT_PROFILE = REPO / "workflow" / "profiles" / "default"
+
+# Two small benchmarks (so that changing one can be seen not to touch the other), fp32 with
+# the cache on and off, one comparison and the KV-cache probe: 11 jobs, about a minute.
+TINY_STUDY = {
+    "run": "inc",
+    "models": {"tiny": {"source": "random", "architecture": "llama", "seed": 0}},
+    "benchmarks": {"arith_a": {"kind": "arithmetic", "n": 2, "max_new_tokens": 6},
+                   "arith_b": {"kind": "arithmetic", "n": 2, "seed": 1, "max_new_tokens": 6}},
+    "generation": {"record_top_k": 4, "device": "cpu", "threads": 1},
+    "grids": [{"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1]}],
+    "comparisons": [{"axis": "cache", "a": "on", "b": "off"}],
+    "probes": {"kv_cache": {"prompts": 1, "precisions": ["fp32"], "patch_steps": 1}},
+}
+
+
+def tiny_study() -> dict:
+    """A fresh copy of TINY_STUDY to edit."""
+    return copy.deepcopy(TINY_STUDY)
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def snakemake_command(workdir: Path, config: Path, *extra: str, snakefile: Path = SNAKEFILE,
+                      profile: Path | None = DEFAULT_PROFILE) -> list[str]:
+    """The `snakemake` command line of a run in `workdir` with the repository's default
+    workflow profile (the rerun policy), two cores and one 'gpu'."""
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
+            "--configfile", str(config), "--workflow-profile", str(profile) if profile else "none",
+            *extra, "--cores", "2", "--resources", "gpu=1"]   # nothing after the list-valued --resources
+
+
+def run_snakemake(workdir: Path, config: Path, *extra: str, check: bool = True, timeout: int = 600,
+                  **kwargs) -> subprocess.CompletedProcess:
+    proc = subprocess.run(snakemake_command(workdir, config, *extra, **kwargs), capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-4000:]}")
+    return proc
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    """Copy a run directory with its file times and Snakemake's records (.snakemake/), so
+    the copy is exactly as up to date as the original."""
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_study(tmp_path_factory):
+    """TINY_STUDY run to completion once per session. Tests that run jobs work on a copy
+    (`copy_run`); dry runs may use it directly."""
+    workdir = tmp_path_factory.mktemp("tiny-study")
+    config = write_yaml(workdir / "config.yaml", TINY_STUDY)
+    run_snakemake(workdir, config)
+    assert (workdir / "reports" / "inc" / "index.html").exists()
+    return SimpleNamespace(workdir=workdir, config=config)

@@ -144,6 +144,9 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     model, tokenizer = build_model(spec)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.*"):  # left by a killed preparation
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)

@@ -2,7 +2,9 @@
 
 One row per prompt; per-step data in list columns; provenance as JSON in the schema
 metadata under the key `tokenflip`. A file is written to a temporary name in the same
-directory and renamed, so a killed job never leaves a file that looks complete.
+directory and renamed, so a killed job never leaves a file that looks complete; the hidden
+temporary a killed writer leaves behind (`.<name>.XXXXXXXX.tmp`) is removed by the next
+write of the same file.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -99,15 +102,41 @@ def logits_digest(table: pa.Table) -> str:
     return h.hexdigest()
 
 
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Delete the temporaries that earlier, killed writes of `path` left beside it.
+
+    `write_table` names its temporary `.<name>.<8 random chars>.tmp` (`tempfile.mkstemp`);
+    a process killed with SIGKILL (or a node that died) cannot remove it. Only this
+    target's temporaries match, never another file's (`.a.parquet.x.parquet.<rand>.tmp`
+    belongs to `a.parquet.x.parquet`). Snakemake never runs two jobs with the same output
+    at once, so a temporary of this target found here is a leftover, not a live write.
+    """
+    path = Path(path)
+    own = re.compile(re.escape(_temporary_prefix(path)) + r"[a-z0-9_]{8}\.tmp")
+    removed = []
+    if path.parent.is_dir():
+        for candidate in path.parent.iterdir():
+            if own.fullmatch(candidate.name) and candidate.is_file():
+                candidate.unlink(missing_ok=True)
+                removed.append(candidate)
+    return removed
+
+
 def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> None:
-    """Write atomically with `metadata` as JSON in the schema metadata."""
+    """Write atomically with `metadata` as JSON in the schema metadata, first removing any
+    temporary a killed earlier write of the same file left behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     meta = dict(table.schema.metadata or {})
     meta[META_KEY] = json.dumps({"schema_version": SCHEMA_VERSION, **metadata}, sort_keys=True,
                                 default=str).encode()
     table = table.replace_schema_metadata(meta)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         # zstd on list columns of ids/logits: ~2-3x smaller than snappy at similar speed.
