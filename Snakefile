@@ -1,6 +1,19 @@
 # tokenflip: one job per cell, one per pair, then summaries and the HTML report.
 # Usage: snakemake --cores all --resources gpu=1 [--configfile config/paper-kv-cache.yaml]
+import os
+import sys
+
 from tokenflip import config as tokenflip_config
+
+# Jobs call the `tokenflip` command of the installation that runs Snakemake (its bin
+# directory goes first on PATH, which SLURM jobs inherit); with
+# --software-deployment-method conda, the job's environment comes first instead.
+envvars:
+    "PATH",
+
+
+_search_path = os.environ["PATH"]
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), _search_path])
 
 configfile: "config/config.yaml"
 

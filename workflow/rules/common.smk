@@ -1,16 +1,12 @@
 # Target lists and per-job lookups. Every per-cell setting reaches a job through a lookup
 # on its wildcards, so adding a model or a benchmark adds jobs without touching old ones.
 import json
-import shlex
-import sys
+import os
 
 from tokenflip.summary import SUMMARY_FILES
 from tokenflip.plan import (Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards,
                             PROBE_TABLES, probe_settings, probe_targets)
 
-# The rules run the package with the interpreter that runs Snakemake, so a job always
-# uses the same installation (and versions) as the scheduler, locally or on a cluster.
-TOKENFLIP = f"{shlex.quote(sys.executable)} -m tokenflip"
 RUN = config["run"]
 CELLS = expand_cells(config)
 PAIRS = expand_pairs(config, CELLS)
@@ -71,6 +67,11 @@ def probe_settings_json(probe):
     def lookup(wildcards):
         return json.dumps(probe_settings(config, probe, wildcards.model, wildcards.benchmark), sort_keys=True)
     return lookup
+
+
+def probe_outputs(probe):
+    return expand(f"results/{RUN}/probes/{{{{model}}}}/{{{{benchmark}}}}/{probe}/{{table}}.parquet",
+                  table=PROBE_TABLES[probe])
 
 
 def generate_threads(wildcards):

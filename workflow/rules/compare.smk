@@ -10,5 +10,7 @@ rule compare:
         pair=pair_id,
     log:
         f"logs/{RUN}/compare/{{model}}/{{benchmark}}/{{axis}}/{{a}}_vs_{{b}}/{{context}}.log",
+    conda:
+        "../../envs/tokenflip.yaml"
     shell:
-        "{TOKENFLIP} compare {input.a:q} {input.b:q} --pair-id {params.pair:q} --out {output:q} > {log:q} 2>&1"
+        "tokenflip compare {input.a:q} {input.b:q} --pair-id {params.pair:q} --out {output:q} > {log:q} 2>&1"

@@ -13,6 +13,8 @@ rule generate:
     threads: generate_threads
     resources:
         gpu=1,
+    conda:
+        "../../envs/tokenflip.yaml"
     shell:
-        "{TOKENFLIP} generate --settings {params.settings:q} --model-dir {input.model:q} "
+        "tokenflip generate --settings {params.settings:q} --model-dir {input.model:q} "
         "--out {output:q} > {log:q} 2>&1"

@@ -8,5 +8,7 @@ rule prepare_model:
         spec=model_spec_json,
     log:
         "logs/prepare_model/{model}.log",
+    conda:
+        "../../envs/tokenflip.yaml"
     shell:
-        "{TOKENFLIP} prepare-model --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
+        "tokenflip prepare-model --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"

@@ -2,11 +2,6 @@
 # Each probe writes several Parquet tables into its own directory.
 
 
-def probe_outputs(probe):
-    return expand(f"results/{RUN}/probes/{{{{model}}}}/{{{{benchmark}}}}/{probe}/{{table}}.parquet",
-                  table=PROBE_TABLES[probe])
-
-
 rule probe_kv_cache:
     input:
         model="resources/models/{model}",
@@ -20,8 +15,10 @@ rule probe_kv_cache:
     threads: generate_threads
     resources:
         gpu=1,
+    conda:
+        "../../envs/tokenflip.yaml"
     shell:
-        "{TOKENFLIP} probe --settings {params.settings:q} --model-dir {input.model:q} "
+        "tokenflip probe --settings {params.settings:q} --model-dir {input.model:q} "
         "--out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
@@ -38,6 +35,8 @@ rule probe_precision:
     threads: generate_threads
     resources:
         gpu=1,
+    conda:
+        "../../envs/tokenflip.yaml"
     shell:
-        "{TOKENFLIP} probe --settings {params.settings:q} --model-dir {input.model:q} "
+        "tokenflip probe --settings {params.settings:q} --model-dir {input.model:q} "
         "--out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -10,12 +10,15 @@ rule summarize:
         SUMMARIES,
     params:
         config=CONFIG_JSON,
-        results=f"results/{RUN}",
+        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
+        results=lambda wildcards, output: os.path.dirname(os.path.dirname(output[0])),
     log:
         f"logs/{RUN}/summarize.log",
+    conda:
+        "../../envs/tokenflip.yaml"
     shell:
-        "{TOKENFLIP} summarize --config-json {params.config:q} --results {params.results:q} "
-        "--out-dir {SUMMARY_DIR:q} > {log:q} 2>&1"
+        "tokenflip summarize --config-json {params.config:q} --results {params.results:q} "
+        "--out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -25,7 +28,10 @@ rule report:
         REPORT,
     params:
         config=CONFIG_JSON,
+        summary_dir=lambda wildcards, input: os.path.dirname(input[0]),
     log:
         f"logs/{RUN}/report.log",
+    conda:
+        "../../envs/tokenflip.yaml"
     shell:
-        "{TOKENFLIP} report --config-json {params.config:q} --summary-dir {SUMMARY_DIR:q} --out {output:q} > {log:q} 2>&1"
+        "tokenflip report --config-json {params.config:q} --summary-dir {params.summary_dir:q} --out {output:q} > {log:q} 2>&1"
