@@ -3,6 +3,7 @@ benchmark in fixed batches, decode, score, and write the cell's Parquet file."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -43,17 +44,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def set_deterministic(mode: str) -> None:
+    """The deterministic axis: torch's deterministic algorithms on or off (cuBLAS needs a
+    fixed workspace for them); `default` leaves torch as it is."""
+    if mode == "default":
+        return
+    if mode == "on":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(mode == "on")
+
+
 def run_cell(settings: dict[str, Any], model_dir: str | Path, out_path: str | Path,
              progress: bool = True) -> dict[str, Any]:
     """Generate the cell described by `settings` (see `plan.cell_settings`) into `out_path`."""
     cell = Cell.from_dict(settings["cell"])
     if settings.get("threads"):
         torch.set_num_threads(int(settings["threads"]))
+    set_deterministic(cell.deterministic)
     seed_everything(int(settings["run_seed"]))
     intervention = settings["intervention"]
     # The fp32 oracle keeps fp32 weights; every other cell rounds them to its precision.
     load_precision = "fp32" if intervention.get("kind") == "fp32_oracle" else cell.precision
-    model, tokenizer, manifest = load_prepared(model_dir, load_precision, settings["device"])
+    model, tokenizer, manifest = load_prepared(model_dir, load_precision, settings["device"], cell.attention)
     if intervention.get("kind") != "fp32_oracle":
         model = apply_to_model(model, intervention)
     bench = build_benchmark(cell.benchmark, settings["benchmark"])

@@ -24,6 +24,16 @@ _FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "wall
 NEAR_TIE = 1e-3
 
 
+# Provenance that legitimately follows from the compared axis (beyond the cell spec).
+_AXIS_PROVENANCE = {
+    "decoding": ("settings.decoding",),
+    "intervention": ("settings.intervention",),
+    "threads": ("settings.threads", "environment.device.threads"),
+    "device": ("settings.device", "environment.device"),
+    "deterministic": ("environment.determinism",),
+}
+
+
 class ComparabilityError(ValueError):
     pass
 
@@ -47,11 +57,7 @@ def check_comparable(meta_a: dict, meta_b: dict, axis: str, path_a: Any, path_b:
             f"{path_a} and {path_b} differ in axes {differing_axes}, expected exactly [{axis!r}]")
     flat_a = {k: v for k, v in _flatten(meta_a).items() if k.split(".")[0] not in _FREE_FIELDS}
     flat_b = {k: v for k, v in _flatten(meta_b).items() if k.split(".")[0] not in _FREE_FIELDS}
-    allowed = {f"settings.cell.{axis}"}
-    if axis == "decoding":
-        allowed.add("settings.decoding")
-    if axis == "intervention":
-        allowed.add("settings.intervention")
+    allowed = {f"settings.cell.{axis}", *_AXIS_PROVENANCE.get(axis, ())}
     for key in sorted(set(flat_a) | set(flat_b)):
         if any(key == p or key.startswith(p + ".") for p in allowed):
             continue
@@ -198,6 +204,7 @@ def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: 
                  "a": pair.a.as_dict(), "b": pair.b.as_dict(), "context": pair.context},
         "cells": {"a": meta_a["cell_id"], "b": meta_b["cell_id"]},
         "digests": {"a": meta_a["token_stream_sha256"], "b": meta_b["token_stream_sha256"]},
+        "machines": {side: m["environment"]["device"]["name"] for side, m in (("a", meta_a), ("b", meta_b))},
         "summary": summary,
     }
     storage.write_table(per_prompt, out_path, metadata)

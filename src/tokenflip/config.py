@@ -10,6 +10,8 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
+from .plan import COMPARABLE_AXES, EXTRA_AXES
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -50,15 +52,19 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+_ON_OFF_AXES = ("cache", "deterministic")
+
+
 def _normalise(config: dict[str, Any]) -> dict[str, Any]:
-    """YAML 1.1 reads bare on/off as booleans; the cache axis means the strings."""
+    """YAML 1.1 reads bare on/off as booleans; the on/off axes mean the strings."""
     config = copy.deepcopy(config)
     as_word = {True: "on", False: "off"}
     for grid in config.get("grids", []) or []:
-        if isinstance(grid, dict) and isinstance(grid.get("cache"), list):
-            grid["cache"] = [as_word.get(v, v) if isinstance(v, bool) else v for v in grid["cache"]]
+        for axis in _ON_OFF_AXES:
+            if isinstance(grid, dict) and isinstance(grid.get(axis), list):
+                grid[axis] = [as_word.get(v, v) if isinstance(v, bool) else v for v in grid[axis]]
     for comp in config.get("comparisons", []) or []:
-        if isinstance(comp, dict) and comp.get("axis") == "cache":
+        if isinstance(comp, dict) and comp.get("axis") in _ON_OFF_AXES:
             for side in ("a", "b"):
                 if isinstance(comp.get(side), bool):
                     comp[side] = as_word[comp[side]]
@@ -132,21 +138,23 @@ def _semantic_problems(config: dict[str, Any]):
                 if label not in config[block]:
                     yield (f"grids.{i}.{axis}: {label!r} is not defined under '{block}' "
                            f"(defined: {sorted(config[block])})")
-    values: dict[str, set] = {"precision": set(), "cache": set(), "batch_size": set(),
-                              "decoding": set(), "intervention": set()}
-    for grid in config["grids"]:
-        values["precision"].update(grid["precision"])
-        values["cache"].update(grid["cache"])
-        values["batch_size"].update(grid["batch_size"])
-        values["decoding"].update(grid.get("decoding", ["greedy"]))
-        values["intervention"].update(grid.get("intervention", ["none"]))
+    defaults = {"decoding": "greedy", "intervention": "none", **EXTRA_AXES}
+    values: dict[str, set] = {axis: set() for axis in COMPARABLE_AXES}
+    for i, grid in enumerate(config["grids"]):
+        for axis in COMPARABLE_AXES:
+            values[axis].update(v if axis == "batch_size" else str(v)
+                                for v in grid.get(axis, [defaults.get(axis)]))
+        for key, block in (("models", "models"), ("benchmarks", "benchmarks")):
+            for name in grid.get(key, []):
+                if name not in config[block]:
+                    yield f"grids.{i}.{key}: {name!r} is not defined under '{block}' (defined: {sorted(config[block])})"
     for i, comp in enumerate(config["comparisons"]):
         axis = comp["axis"]
         if comp["a"] == comp["b"]:
             yield f"comparisons.{i}: a and b are both {comp['a']!r}; a comparison needs two values"
         for side in ("a", "b"):
             v = comp[side]
-            v = int(v) if axis == "batch_size" and str(v).isdigit() else v
+            v = int(v) if axis == "batch_size" and str(v).isdigit() else v if axis == "batch_size" else str(v)
             if v not in values[axis]:
                 yield (f"comparisons.{i}.{side}: {comp[side]!r} is not a value of axis '{axis}' "
                        f"in any grid (values: {sorted(map(str, values[axis]))})")

@@ -195,14 +195,21 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_prepared(model_dir: str | Path, precision: str, device: str = "auto"):
-    """Load (model, tokenizer, manifest) from a prepared directory in the cell's precision."""
+def load_prepared(model_dir: str | Path, precision: str, device: str = "auto", attention: str = "default"):
+    """Load (model, tokenizer, manifest) from a prepared directory in the cell's precision
+    (and attention implementation, unless `default`: the library's choice)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if precision not in PRECISIONS:
         raise ModelError(f"unknown precision {precision!r}; known: {sorted(PRECISIONS)}")
     manifest = read_manifest(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=PRECISIONS[precision])
-    model.to(resolve_device(device)).eval()
+    extra = {} if attention == "default" else {"attn_implementation": attention}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=PRECISIONS[precision], **extra)
+    except (ImportError, ValueError) as exc:
+        if not extra:
+            raise
+        raise ModelError(f"{model_dir}: attention implementation {attention!r} is not available here ({exc})") from None
+    model.to(resolve_device("auto" if device == "default" else device)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return model, tokenizer, manifest

@@ -1,7 +1,9 @@
 """Config → cells and pairs: the one place that decides what the pipeline runs.
 
 A cell is one generation job (model x precision x cache x benchmark x batch size x
-decoding x intervention). A pair is two cells that differ in exactly one axis. Paths
+decoding x intervention, and optionally attention kernel, threads, device and
+deterministic mode). A pair is two cells that differ in exactly one axis; no code below
+is specific to one axis. Paths
 are derived from the spec alone so that adding a model only adds new paths.
 """
 
@@ -11,9 +13,15 @@ import itertools
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable
 
-AXES = ("model", "benchmark", "precision", "cache", "batch_size", "decoding", "intervention")
-# Axes that are encoded in the cell file name (model and benchmark are directories).
+AXES = ("model", "benchmark", "precision", "cache", "batch_size", "decoding", "intervention",
+        "attention", "threads", "device", "deterministic")
+# Axes that are always encoded in the cell file name (model and benchmark are directories).
 NAME_AXES = ("precision", "cache", "batch_size", "decoding", "intervention")
+# Further axes, encoded as `-axis=value` only when not at their default, so that adding
+# one to a config leaves the names (and files) of every existing cell unchanged.
+# `default` means: what the library or the run's `generation` settings choose.
+EXTRA_AXES = {"attention": "default", "threads": "default", "device": "default", "deterministic": "default"}
+COMPARABLE_AXES = NAME_AXES + tuple(EXTRA_AXES)
 
 
 @dataclass(frozen=True, order=True)
@@ -25,10 +33,17 @@ class Cell:
     batch_size: int
     decoding: str
     intervention: str
+    attention: str = "default"
+    threads: str = "default"
+    device: str = "default"
+    deterministic: str = "default"
 
     @property
     def name(self) -> str:
-        return f"{self.precision}-{self.cache}-bs{self.batch_size}-{self.decoding}-{self.intervention}"
+        core = f"{self.precision}-{self.cache}-bs{self.batch_size}-{self.decoding}-{self.intervention}"
+        extra = "".join(f"-{axis}={self.value(axis)}" for axis, default in EXTRA_AXES.items()
+                        if self.value(axis) != default)
+        return core + extra
 
     @property
     def id(self) -> str:
@@ -50,8 +65,14 @@ class Cell:
 
     @classmethod
     def from_name(cls, model: str, benchmark: str, name: str) -> "Cell":
-        precision, cache, bs, decoding, intervention = name.split("-")
-        return cls(model, benchmark, precision, cache, int(bs.removeprefix("bs")), decoding, intervention)
+        parts = name.split("-")
+        precision, cache, bs, decoding, intervention = parts[:5]
+        extra = dict(part.split("=", 1) for part in parts[5:])
+        unknown = sorted(set(extra) - set(EXTRA_AXES))
+        if unknown:
+            raise ValueError(f"cell name {name!r}: unknown axes {unknown}")
+        return cls(model, benchmark, precision, cache, int(bs.removeprefix("bs")), decoding, intervention,
+                   **extra)
 
 
 @dataclass(frozen=True, order=True)
@@ -67,6 +88,11 @@ class Pair:
         for axis in NAME_AXES:
             v = "x" if axis == self.axis else self.a.value(axis)
             parts.append(f"bs{v}" if axis == "batch_size" and v != "x" else str(v))
+        for axis, default in EXTRA_AXES.items():
+            if axis == self.axis:
+                parts.append(f"{axis}=x")
+            elif self.a.value(axis) != default:
+                parts.append(f"{axis}={self.a.value(axis)}")
         return "-".join(parts)
 
     @property
@@ -91,13 +117,18 @@ def expand_cells(config: dict[str, Any]) -> list[Cell]:
     """Every cell of every grid, for every model and benchmark, deduplicated and sorted."""
     cells: set[Cell] = set()
     for grid in config["grids"]:
-        for model, bench in itertools.product(config["models"], config["benchmarks"]):
+        models = grid.get("models", list(config["models"]))
+        benches = grid.get("benchmarks", list(config["benchmarks"]))
+        extra_axes = list(EXTRA_AXES)
+        for model, bench in itertools.product(models, benches):
             for combo in itertools.product(
                 grid["precision"], grid["cache"], grid["batch_size"],
                 grid.get("decoding", ["greedy"]), grid.get("intervention", ["none"]),
+                *[[str(v) for v in grid.get(axis, [EXTRA_AXES[axis]])] for axis in extra_axes],
             ):
-                precision, cache, bs, decoding, intervention = combo
-                cells.add(Cell(model, bench, precision, cache, int(bs), decoding, intervention))
+                precision, cache, bs, decoding, intervention, *extra = combo
+                cells.add(Cell(model, bench, precision, cache, int(bs), decoding, intervention,
+                               **dict(zip(extra_axes, extra))))
     return sorted(cells)
 
 
@@ -110,6 +141,8 @@ def expand_pairs(config: dict[str, Any], cells: Iterable[Cell]) -> list[Pair]:
         axis, a_val, b_val = comp["axis"], comp["a"], comp["b"]
         if axis == "batch_size":
             a_val, b_val = int(a_val), int(b_val)
+        else:
+            a_val, b_val = str(a_val), str(b_val)
         for cell in sorted(cell_set):
             if cell.value(axis) != a_val:
                 continue
@@ -125,6 +158,7 @@ def pair_from_wildcards(model: str, benchmark: str, axis: str, a: str, b: str, c
     d: dict[str, Any] = {"model": model, "benchmark": benchmark}
     for name, v in zip(NAME_AXES, values):
         d[name] = v.removeprefix("bs") if name == "batch_size" and v != "x" else v
+    d.update(part.split("=", 1) for part in values[len(NAME_AXES):])
     cell_a = Cell.from_dict({**d, axis: a})
     cell_b = Cell.from_dict({**d, axis: b})
     return Pair(axis, cell_a, cell_b)

@@ -65,7 +65,8 @@ def pair_rows(pairs: list[Pair], run_dir: Path) -> tuple[list[dict[str, Any]], l
             try:
                 table, meta = storage.read_table(path, columns=["prompt_id", "first_div_step",
                                                                 "margin_a_at_div", "margin_b_at_div"])
-                row.update(status="done", **meta["summary"])
+                row.update(status="done", **meta["summary"], machine_a=meta["machines"]["a"],
+                           machine_b=meta["machines"]["b"])
                 for rec in table.to_pylist():
                     if rec["first_div_step"] is not None:
                         first_div.append({"pair_id": pair.id, "label": pair.label, "axis": pair.axis,
@@ -129,7 +130,7 @@ def intervention_rows(pairs: list[Pair], run_dir: Path, cells: pd.DataFrame) -> 
             row = dict(zip(("model", "benchmark", "a", "b", "cache", "batch_size", "decoding"), key))
             row.update(intervention=name, status="missing" if agree is None else "done")
             if agree is not None:
-                joined = base.join(agree, lsuffix="_base", rsuffix="_int", how="inner")
+                joined = base.merge(agree, left_index=True, right_index=True, suffixes=("_base", "_int"))
                 x, y = joined["agree_int"].to_numpy(float), joined["agree_base"].to_numpy(float)
                 lift = float(np.mean(x - y))
                 lo = hi = float("nan")

@@ -4,7 +4,7 @@ import json
 import os
 
 from tokenflip.summary import SUMMARY_FILES
-from tokenflip.plan import (Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards,
+from tokenflip.plan import (COMPARABLE_AXES, Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards,
                             PROBE_TABLES, probe_settings, probe_targets)
 
 RUN = config["run"]
@@ -24,21 +24,16 @@ CONFIG_JSON = json.dumps(config, sort_keys=True)
 wildcard_constraints:
     model=r"[A-Za-z0-9_.][A-Za-z0-9_.-]*",
     benchmark=r"[A-Za-z0-9_.][A-Za-z0-9_.-]*",
-    precision=r"fp32|bf16|fp16",
-    cache=r"on|off",
-    batch_size=r"\d+",
-    decoding=r"[A-Za-z0-9_.]+",
-    intervention=r"[A-Za-z0-9_.]+",
-    axis=r"precision|cache|batch_size|decoding|intervention",
+    cell=r"(fp32|bf16|fp16)-(on|off)-bs\d+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+(-[a-z_]+=[A-Za-z0-9_.]+)*",
+    axis="|".join(COMPARABLE_AXES),
     a=r"[A-Za-z0-9_.]+",
     b=r"[A-Za-z0-9_.]+",
-    context=r"[A-Za-z0-9_.-]+",
+    context=r"[A-Za-z0-9_.=-]+",
     probe=r"kv_cache|precision",
 
 
 def cell_of(wildcards):
-    return Cell(wildcards.model, wildcards.benchmark, wildcards.precision, wildcards.cache,
-                int(wildcards.batch_size), wildcards.decoding, wildcards.intervention)
+    return Cell.from_name(wildcards.model, wildcards.benchmark, wildcards.cell)
 
 
 def cell_settings_json(wildcards):
@@ -75,4 +70,10 @@ def probe_outputs(probe):
 
 
 def generate_threads(wildcards):
+    """A cell on the threads axis gets exactly its threads; others the configured number
+    or every core Snakemake was given (CPU generation is compute-bound)."""
+    if "cell" in wildcards.keys():
+        threads = cell_of(wildcards).threads
+        if threads != "default":
+            return int(threads)
     return config["generation"]["threads"] or workflow.cores

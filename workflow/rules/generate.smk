@@ -5,11 +5,11 @@ rule generate:
     input:
         model="resources/models/{model}",
     output:
-        f"results/{RUN}/cells/{{model}}/{{benchmark}}/{{precision}}-{{cache}}-bs{{batch_size}}-{{decoding}}-{{intervention}}.parquet",
+        f"results/{RUN}/cells/{{model}}/{{benchmark}}/{{cell}}.parquet",
     params:
         settings=cell_settings_json,
     log:
-        f"logs/{RUN}/generate/{{model}}/{{benchmark}}/{{precision}}-{{cache}}-bs{{batch_size}}-{{decoding}}-{{intervention}}.log",
+        f"logs/{RUN}/generate/{{model}}/{{benchmark}}/{{cell}}.log",
     threads: generate_threads
     resources:
         gpu=1,
