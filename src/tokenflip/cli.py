@@ -26,6 +26,29 @@ def cmd_prepare_model(args) -> None:
     print(json.dumps({k: manifest[k] for k in ("architecture", "num_parameters", "weights_sha256")}))
 
 
+def cmd_run_cell(args) -> None:
+    """One cell of a config, outside Snakemake: prepares the model if needed."""
+    from pathlib import Path
+
+    from . import config as cfg
+    from .cell import run_cell
+    from .models import prepare
+    from .plan import cell_settings, expand_cells
+
+    config = cfg.load(args.config)
+    cells = {cell.id: cell for cell in expand_cells(config)}
+    if args.cell not in cells:
+        raise cfg.ConfigError(f"{args.config}: no cell {args.cell!r}; `tokenflip plan --config "
+                              f"{args.config}` lists them")
+    cell = cells[args.cell]
+    model_dir = Path(args.models_dir) / cell.model
+    if not (model_dir / "model.json").exists():
+        prepare(config["models"][cell.model], model_dir)
+    out = args.out or cell.path(config["run"])
+    meta = run_cell(cell_settings(config, cell), model_dir, out, progress=not args.quiet)
+    print(f"{out}: token-stream sha256 {meta['token_stream_sha256']}")
+
+
 def cmd_generate(args) -> None:
     from .cell import run_cell
 
@@ -161,7 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to create")
     p.set_defaults(func=cmd_prepare_model)
 
-    p = sub.add_parser("generate", help="run one cell and write its Parquet file")
+    p = sub.add_parser("run-cell", help="run one cell of a config (no Snakemake), preparing its model if needed")
+    p.add_argument("--config", required=True, help="config YAML file")
+    p.add_argument("--cell", required=True, help="cell id, e.g. smollm2-135m/arithmetic/bf16-on-bs1-greedy-none")
+    p.add_argument("--out", help="Parquet file to write (default: the pipeline's path under results/)")
+    p.add_argument("--models-dir", default="resources/models", help="prepared models (default: %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run_cell)
+
+    p = sub.add_parser("generate", help="run one cell from its settings JSON (what the pipeline calls)")
     p.add_argument("--settings", type=_json_arg, required=True, help="cell settings as JSON")
     p.add_argument("--model-dir", required=True, help="prepared model directory")
     p.add_argument("--out", required=True, help="cell Parquet file to write")

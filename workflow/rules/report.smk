@@ -25,7 +25,7 @@ rule report:
     input:
         SUMMARIES,
     output:
-        REPORT,
+        report(REPORT, caption="../report/index.rst", category="tokenflip report"),
     params:
         config=CONFIG_JSON,
         summary_dir=lambda wildcards, input: os.path.dirname(input[0]),
