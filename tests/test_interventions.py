@@ -27,6 +27,8 @@ def test_ungated_fp32_head_equals_fp32_matmul_exactly():
     assert out.dtype == torch.float32
     assert torch.equal(out, expected)
     assert not torch.equal(head(h).float(), expected)  # bf16 really is different
+    module = InterventionHead(head, "fp32_head", gated=False)
+    assert torch.equal(module._fp32(h[:, -1], chunk=7), expected[:, -1])  # blockwise upcast, same values
 
 
 def test_gate_fires_exactly_when_margin_below_tau():

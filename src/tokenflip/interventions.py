@@ -46,10 +46,13 @@ class InterventionHead(nn.Module):
     def weight(self) -> torch.Tensor:  # tied-embedding code paths look for lm_head.weight
         return self.head.weight
 
-    def _fp32(self, hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def _fp32(self, hidden: torch.Tensor, rows: torch.Tensor | None = None, chunk: int = 4096) -> torch.Tensor:
+        """fp32 logits from the 16-bit hidden state and weights. The weight is upcast a
+        block of vocabulary rows at a time: no full fp32 copy, and far less memory traffic."""
         weight = self.head.weight if rows is None else self.head.weight[rows]
+        h = hidden.float()
+        out = torch.cat([h @ weight[i:i + chunk].float().T for i in range(0, weight.shape[0], chunk)], dim=-1)
         bias = self.head.bias
-        out = hidden.float() @ weight.float().T
         if bias is not None:
             out = out + (bias.float() if rows is None else bias[rows].float())
         return out

@@ -150,6 +150,25 @@ def flip_table(steps: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def probe_claims(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per precision, from the teacher-forced KV probe: how far cache-off moves the logits
+    at identical inputs, and on how many steps it would pick another token."""
+    if steps.empty:
+        return []
+    rows = []
+    for (model, precision), g in steps.groupby(["model", "precision"]):
+        rows.append({"model": model, "precision": precision, "steps": len(g), "flips": int(g["flip"].sum()),
+                     "steps_differ": int((g["max_abs_dlogit"] > 0).sum()),
+                     "median_kl": float(g["kl"].median()), "max_kl": float(g["kl"].max()),
+                     "max_abs_dlogit": float(g["max_abs_dlogit"].max())})
+    by = {(r["model"], r["precision"]): r for r in rows}
+    for r in rows:
+        fp32 = by.get((r["model"], "fp32"))
+        r["vs_fp32"] = (r["max_abs_dlogit"] / fp32["max_abs_dlogit"]
+                        if fp32 and fp32["max_abs_dlogit"] > 0 and r["precision"] != "fp32" else None)
+    return rows
+
+
 def kl_figure(steps: pd.DataFrame) -> str | None:
     """Per-step KL(ON‖OFF) along a shared trajectory, per precision, log scale (paper Fig. 3)."""
     if steps.empty:
@@ -367,6 +386,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         kv=kv_claims(kv_rows),
         fig_kl=kl_figure(kv_steps),
         flip_rows=flip_table(kv_steps),
+        probe_claim_rows=probe_claims(kv_steps),
         fig_flip_kl=flip_kl_figure(kv_steps),
         fig_drift=drift_figure(kv_layers),
         fig_patching=patching_figure(kv_patching),
