@@ -24,7 +24,7 @@ from tokenflip.benchmarks import (
     normalize_answer,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import SHARED_DATA as DATA  # noqa: E402
 GSM8K_TEST = DATA / "gsm8k" / "test.jsonl"
 GSM8K_TEST_RECORDS = 1319
 

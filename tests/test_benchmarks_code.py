@@ -31,7 +31,7 @@ from tokenflip.benchmarks.execution import UID_RANGE, tagged_processes
 from tokenflip.benchmarks.humaneval import INSTRUCTION
 from tokenflip.benchmarks.mbpp import extract_mbpp_code, task_prompt
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import SHARED_DATA as DATA  # noqa: E402
 HUMANEVAL = DATA / "humaneval" / "HumanEval.jsonl.gz"
 MBPP_FULL = DATA / "mbpp" / "mbpp.jsonl"
 MBPP_SANITIZED = DATA / "mbpp" / "sanitized-mbpp.json"

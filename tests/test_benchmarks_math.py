@@ -27,7 +27,7 @@ from tokenflip.benchmarks import (
 from tokenflip.benchmarks.math_equiv import RULES, to_sympy
 from tokenflip.benchmarks.math500 import BOXED_SYSTEM_PROMPT
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import SHARED_DATA as DATA  # noqa: E402
 MATH500 = DATA / "math500" / "test.jsonl"
 GSM8K_TEST = DATA / "gsm8k" / "test.jsonl"
 

@@ -36,6 +36,8 @@ class Benchmark(ABC):
     """A fixed, ordered list of items, how to prompt with them, and how to score answers."""
 
     kind: str = ""
+    prompt_format: str = ""
+    scorer: str = ""
 
     def __init__(self, name: str, n: int | None) -> None:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -63,6 +65,11 @@ class Benchmark(ABC):
     def describe(self) -> dict:
         """Prompt format, n, scorer and source, for provenance and the report."""
 
+    def _description(self, **extra) -> dict:
+        """The fields every benchmark's `describe()` shares, followed by its own."""
+        return {"name": self.name, "kind": self.kind, "n": len(self.items()), "n_requested": self.n,
+                "prompt_format": self.prompt_format, "scorer": self.scorer, **extra}
+
 
 class MathBenchmark(Benchmark):
     """A benchmark of word problems with one numeric final answer, prompted 0-shot in chat."""
@@ -82,12 +89,4 @@ class MathBenchmark(Benchmark):
         return extract_answer(completion)
 
     def _describe(self, source: dict) -> dict:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "n": self.n,
-            "prompt_format": self.prompt_format,
-            "system_prompt": MATH_SYSTEM_PROMPT,
-            "scorer": self.scorer,
-            "source": source,
-        }
+        return self._description(system_prompt=MATH_SYSTEM_PROMPT, source=source)

@@ -77,13 +77,4 @@ class CodeBenchmark(Benchmark):
         return self.run(item, completion).passed
 
     def _describe(self, extra: dict) -> dict:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "n": len(self.items()),
-            "n_requested": self.n,
-            "prompt_format": self.prompt_format,
-            "scorer": self.scorer,
-            **extra,
-            "sandbox": sandbox_description(self.limits),
-        }
+        return self._description(**extra, sandbox=sandbox_description(self.limits))

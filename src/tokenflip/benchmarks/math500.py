@@ -74,14 +74,5 @@ class Math500Benchmark(Benchmark):
 
     def describe(self) -> dict:
         """Prompt format, n, scorer and its rules, and the source."""
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "n": len(self.items()),
-            "n_requested": self.n,
-            "prompt_format": self.prompt_format,
-            "system_prompt": BOXED_SYSTEM_PROMPT,
-            "scorer": self.scorer,
-            "rules": list(RULES),
-            "source": self.source.describe(),
-        }
+        return self._description(system_prompt=BOXED_SYSTEM_PROMPT, rules=list(RULES),
+                                 source=self.source.describe())
