@@ -98,3 +98,17 @@ def test_global_fp32_computes_in_fp32_from_rounded_weights(prepared_models):
     model = apply_to_model(model, {"kind": "global_fp32"})
     w = model.get_output_embeddings().weight
     assert w.dtype == torch.float32 and torch.equal(w, rounded.float())
+
+
+def test_temperature_sharpening_cannot_change_greedy_tokens(prepared_models):
+    model, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 2})
+    prompts = [prompt_token_ids(tokenizer, bench.messages(i)) for i in bench.items()]
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+    kw = dict(max_new_tokens=10, use_cache=True, eos_token_ids=eos_ids(model, tokenizer),
+              pad_token_id=tokenizer.pad_token_id)
+    base = decode(model, ids, mask, **kw)
+    apply_to_model(model, {"kind": "sharpen", "temperature": 0.25})
+    sharp = decode(model, ids, mask, **kw)
+    assert [g.token_ids for g in sharp.generations] == [g.token_ids for g in base.generations]
+    assert sharp.generations[0].top_logits[0][0] == pytest.approx(4 * base.generations[0].top_logits[0][0])

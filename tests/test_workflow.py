@@ -150,9 +150,9 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
 @pytest.mark.parametrize("config, expected", [
     ("paper-kv-cache.yaml", {"prepare_model": 3, "generate": 24, "compare": 18, "probe_kv_cache": 3,
                              "summarize": 1, "report": 1, "all": 1}),
-    # 6 models x 4 benchmarks: 2 precisions x (7 interventions at bs 1 + 2 at bs 2/4/8) = 26 cells,
-    # 7 + 6 precision pairs and 4 batch-size pairs, one precision probe.
-    ("paper-precision.yaml", {"prepare_model": 6, "generate": 624, "compare": 408, "probe_precision": 24,
+    # 6 models x 4 benchmarks: 2 precisions x (8 interventions at bs 1 + 2 at bs 2/4/8) = 28 cells,
+    # 8 + 6 precision pairs and 4 batch-size pairs, one precision probe.
+    ("paper-precision.yaml", {"prepare_model": 6, "generate": 672, "compare": 432, "probe_precision": 24,
                               "summarize": 1, "report": 1, "all": 1}),
 ])
 def test_paper_config_dry_run(tmp_path, config, expected):

@@ -9,6 +9,8 @@ Each intervention replaces the model's `lm_head` by a module that computes the u
   with fp32 accumulation from the 16-bit hidden state and weights, then compared as bins.
 - `fp32_head` (C): the whole vocabulary recomputed in fp32 (weights upcast on the fly, no
   persistent fp32 copy), gated by margin < τ or ungated.
+- `sharpen`: temperature sharpening, the last position's logits divided by a temperature
+  below 1 (a supplementary control: argmax-preserving, so it cannot change greedy tokens).
 
 Model-level controls (weights rounded to 16 bit, compute in fp32; or the fp32 oracle) are
 applied at load time by `apply_to_model`. The wrapped model still works with
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-KINDS = ("none", "quantize", "topk_fp32", "fp32_head", "global_fp32", "fp32_oracle")
+KINDS = ("none", "quantize", "topk_fp32", "fp32_head", "sharpen", "global_fp32", "fp32_oracle")
 
 
 def _margin(logits: torch.Tensor) -> torch.Tensor:
@@ -33,13 +35,17 @@ def _margin(logits: torch.Tensor) -> torch.Tensor:
 class InterventionHead(nn.Module):
     """Wraps a Linear lm_head. `fired` holds, after each call, which rows the gate opened."""
 
-    def __init__(self, head: nn.Linear, kind: str, tau: float = 1e-3, gated: bool = True, top_k: int = 8):
+    def __init__(self, head: nn.Linear, kind: str, tau: float = 1e-3, gated: bool = True, top_k: int = 8,
+                 temperature: float = 0.5):
         super().__init__()
-        if kind not in ("quantize", "topk_fp32", "fp32_head"):
+        if kind not in ("quantize", "topk_fp32", "fp32_head", "sharpen"):
             raise ValueError(f"not an lm_head intervention: {kind!r}")
         if tau <= 0:
             raise ValueError(f"tau must be > 0, got {tau}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         self.head, self.kind, self.tau, self.gated, self.top_k = head, kind, float(tau), gated, int(top_k)
+        self.temperature = float(temperature)
         self.fired: torch.Tensor | None = None
 
     @property
@@ -60,10 +66,13 @@ class InterventionHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden)
         last = logits[:, -1]
-        if self.kind == "quantize":
+        if self.kind in ("quantize", "sharpen"):
             self.fired = torch.ones(last.shape[0], dtype=torch.bool, device=last.device)
             out = logits.float()
-            out[:, -1] = torch.floor(out[:, -1] / self.tau) * self.tau
+            if self.kind == "quantize":
+                out[:, -1] = torch.floor(out[:, -1] / self.tau) * self.tau
+            else:
+                out[:, -1] = out[:, -1] / self.temperature
             return out
         gate = _margin(last) < self.tau if self.gated else torch.ones(last.shape[0], dtype=torch.bool,
                                                                        device=last.device)
@@ -105,10 +114,11 @@ def apply_to_model(model, spec: dict[str, Any]):
         return model
     if kind == "global_fp32":
         return model.float()  # weights already rounded to the cell's 16-bit precision
-    if kind in ("quantize", "topk_fp32", "fp32_head"):
+    if kind in ("quantize", "topk_fp32", "fp32_head", "sharpen"):
         head = model.get_output_embeddings()
         model.set_output_embeddings(InterventionHead(head, kind, tau=spec.get("tau", 1e-3),
-                                                     gated=spec.get("gated", True), top_k=spec.get("top_k", 8)))
+                                                     gated=spec.get("gated", True), top_k=spec.get("top_k", 8),
+                                                     temperature=spec.get("temperature", 0.5)))
         return model
     if kind == "fp32_oracle":
         raise ValueError("fp32_oracle is applied when loading (fp32 weights), not to a loaded model")
