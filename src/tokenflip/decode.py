@@ -37,9 +37,7 @@ def forced(tokens: torch.Tensor) -> TokenSelector:
 
 class StepHooks:
     """Probe access to each step: `before` may replace the KV cache (patching), `after`
-    sees the forward output (hidden states when requested) and the fp32 logits."""
-
-    hidden_states: bool = False
+    sees the forward output and the fp32 logits."""
 
     def before(self, step: int, cache):
         return cache
@@ -138,9 +136,8 @@ def decode(
             step_ids, step_pos = ids, position_ids
         if hooks is not None:
             cache = hooks.before(step, cache)
-        extra = {"output_hidden_states": True} if hooks is not None and hooks.hidden_states else {}
         out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, cache=cache,
-                    use_cache=use_cache, logits_to_keep=1, return_dict=True, **extra)
+                    use_cache=use_cache, logits_to_keep=1, return_dict=True)
         if use_cache:
             cache = out.cache
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)

@@ -13,8 +13,6 @@ import itertools
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable
 
-AXES = ("model", "benchmark", "precision", "cache", "batch_size", "decoding", "intervention",
-        "attention", "threads", "device", "deterministic")
 # Axes that are always encoded in the cell file name (model and benchmark are directories).
 NAME_AXES = ("precision", "cache", "batch_size", "decoding", "intervention")
 # Further axes, encoded as `-axis=value` only when not at their default, so that adding

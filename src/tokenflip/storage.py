@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -171,8 +171,3 @@ def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[pa.T
     except (pa.ArrowInvalid, OSError) as exc:
         raise StorageError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
     return table, meta
-
-
-def iter_batches(path: str | Path, columns: list[str], batch_size: int = 256) -> Iterator[pa.RecordBatch]:
-    """Stream a file in record batches, for aggregations that must not hold everything."""
-    yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
