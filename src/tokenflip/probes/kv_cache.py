@@ -22,21 +22,9 @@ from .. import provenance
 from ..cell import prompt_token_ids
 from ..models import load_prepared
 from . import setup, special_ids, write_tables
-from .replay import all_layers, prefill_cache, replay
+from .replay import all_layers, kl_divergence, prefill_cache, replay, step_differences
 
 TABLES = ("steps", "layers", "patching")
-
-
-def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
-    """KL(P‖Q) per row in float64 from two [T, V] logit tensors."""
-    logp = torch.log_softmax(p_logits.double(), dim=-1)
-    logq = torch.log_softmax(q_logits.double(), dim=-1)
-    return (logp.exp() * (logp - logq)).sum(dim=-1).clamp_min(0.0)
-
-
-def _margin(logits: torch.Tensor) -> torch.Tensor:
-    top = torch.topk(logits, 2, dim=-1).values
-    return top[..., 0] - top[..., 1]
 
 
 def patch_steps(kl: np.ndarray, flips: np.ndarray, count: int) -> list[int]:
@@ -58,16 +46,12 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
     kwargs = dict(eos_token_ids=eos, pad_token_id=pad)
     on = replay(model, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kwargs)
     off = replay(model, prompt, use_cache=False, max_new_tokens=max_new_tokens, tokens=on.tokens, **kwargs)
-    kl = kl_divergence(on.logits, off.logits).numpy()
-    top_on, top_off = on.logits.argmax(-1), off.logits.argmax(-1)
-    flips = (top_on != top_off).numpy()
-    margin_on, margin_off = _margin(on.logits).numpy(), _margin(off.logits).numpy()
-    dmax = (on.logits - off.logits).abs().max(-1).values.numpy()
-    steps = [{"step": t, "kl": float(kl[t]), "flip": bool(flips[t]), "margin_on": float(margin_on[t]),
-              "margin_off": float(margin_off[t]), "max_abs_dlogit": float(dmax[t]),
-              "top1_on": int(top_on[t]), "top1_off": int(top_off[t])} for t in range(len(kl))]
-    diff = (on.layer_outputs - off.layer_outputs).norm(dim=-1).numpy()
-    scale = off.layer_outputs.norm(dim=-1).clamp_min(1e-30).numpy()
+    d = step_differences(on, off)
+    kl, flips, top_off = d["kl"], d["flip"], d["top_b"]
+    steps = [{"step": t, "kl": float(kl[t]), "flip": bool(flips[t]), "margin_on": float(d["margin_a"][t]),
+              "margin_off": float(d["margin_b"][t]), "max_abs_dlogit": float(d["max_abs_dlogit"][t]),
+              "top1_on": int(d["top_a"][t]), "top1_off": int(top_off[t])} for t in range(len(kl))]
+    diff, scale = d["layer_l2"], np.maximum(d["layer_norm_b"], 1e-30)
     layers = [{"step": t, "layer": layer, "l2": float(diff[t, layer]),
                "rel_l2": float(diff[t, layer] / scale[t, layer])}
               for t in range(diff.shape[0]) for layer in range(diff.shape[1])]

@@ -16,14 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import provenance
 from ..cell import prompt_token_ids
 from ..models import load_prepared
 from . import setup, special_ids, write_tables
-from .kv_cache import _margin, kl_divergence
-from .replay import decoder_layers, prefill_cache, replay
+from .replay import decoder_layers, prefill_cache, replay, step_differences
 
 TABLES = ("steps", "layers", "grafting", "lens")
 
@@ -53,13 +53,12 @@ def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: 
     kw = dict(eos_token_ids=eos, pad_token_id=pad)
     a = replay(model_a, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kw)
     b = replay(model_b, prompt, use_cache=True, max_new_tokens=max_new_tokens, tokens=a.tokens, **kw)
-    kl = kl_divergence(a.logits, b.logits).numpy()
-    top_a, top_b = a.logits.argmax(-1), b.logits.argmax(-1)
-    margin_a, margin_b = _margin(a.logits).numpy(), _margin(b.logits).numpy()
-    flips = [t for t in range(len(kl)) if top_a[t] != top_b[t]]
-    steps = [{"step": t, "kl": float(kl[t]), "flip": bool(top_a[t] != top_b[t]),
-              "margin_a": float(margin_a[t]), "margin_b": float(margin_b[t])} for t in range(len(kl))]
-    diff = (a.layer_outputs - b.layer_outputs).norm(dim=-1).numpy()
+    d = step_differences(a, b)
+    kl, top_b = d["kl"], d["top_b"]
+    flips = [int(t) for t in np.nonzero(d["flip"])[0]]
+    steps = [{"step": t, "kl": float(kl[t]), "flip": bool(d["flip"][t]),
+              "margin_a": float(d["margin_a"][t]), "margin_b": float(d["margin_b"][t])} for t in range(len(kl))]
+    diff = d["layer_l2"]
     layers = [{"step": t, "layer": layer, "l2": float(diff[t, layer])}
               for t in range(diff.shape[0]) for layer in range(diff.shape[1])]
     grafting, lens = [], []

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..decode import StepHooks, decode, forced, greedy
@@ -122,3 +123,30 @@ def prefill_cache(model, prompt_ids: Sequence[int], tokens: Sequence[int]):
         out = model(input_ids=ids, position_ids=position_ids, cache=cache, use_cache=True,
                     logits_to_keep=1, return_dict=True)
     return out.cache
+
+
+def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """KL(P‖Q) per row in float64 from two [T, V] logit tensors."""
+    logp = torch.log_softmax(p_logits.double(), dim=-1)
+    logq = torch.log_softmax(q_logits.double(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(dim=-1).clamp_min(0.0)
+
+
+def top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    top = torch.topk(logits, 2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def step_differences(a: Replay, b: Replay) -> dict[str, np.ndarray]:
+    """Per step of two replays of one trajectory: KL(a‖b), both argmaxes and whether they
+    differ, both top-2 margins, the largest |Δlogit|; per step and layer, the L2 distance
+    of the layer outputs and the norm of b's."""
+    top_a, top_b = a.logits.argmax(-1), b.logits.argmax(-1)
+    return {
+        "kl": kl_divergence(a.logits, b.logits).numpy(),
+        "top_a": top_a.numpy(), "top_b": top_b.numpy(), "flip": (top_a != top_b).numpy(),
+        "margin_a": top2_margin(a.logits).numpy(), "margin_b": top2_margin(b.logits).numpy(),
+        "max_abs_dlogit": (a.logits - b.logits).abs().max(-1).values.numpy(),
+        "layer_l2": (a.layer_outputs - b.layer_outputs).norm(dim=-1).numpy(),
+        "layer_norm_b": b.layer_outputs.norm(dim=-1).numpy(),
+    }
