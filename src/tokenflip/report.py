@@ -19,6 +19,8 @@ import seaborn as sns  # noqa: E402
 
 from . import storage  # noqa: E402
 
+sns.set_theme(style="whitegrid", context="paper")
+
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("tokenflip", "templates"),
     autoescape=jinja2.select_autoescape(["html", "j2"]),
@@ -72,7 +74,6 @@ def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str
              if p in set(first_div["pair_id"])]
     labels = {r.pair_id: f"{r.label}\n[{r.context}]" for r in pairs.itertuples()}
     data = first_div.assign(pair=first_div["pair_id"].map(labels))
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 0.5 * len(order) + 1.0))
     sns.stripplot(data=data, x="first_div_step", y="pair", order=[labels[p] for p in order],
                   hue="axis", jitter=0.15, size=5, ax=ax, legend=True)
@@ -87,7 +88,6 @@ def margin_figure(first_div: pd.DataFrame) -> str | None:
     data = first_div.dropna(subset=["margin_a_at_div"])
     if data.empty:
         return None
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 3))
     sns.histplot(data=data, x="margin_a_at_div", hue="axis", bins=30, log_scale=(False, False), ax=ax)
     ax.set_xlabel("top-2 margin at the divergence step (side a, logits)")
@@ -174,7 +174,6 @@ def kl_figure(steps: pd.DataFrame) -> str | None:
     if steps.empty:
         return None
     data = steps.assign(kl_plot=steps["kl"].clip(lower=1e-20))
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     sns.lineplot(data=data, x="step", y="kl_plot", hue="precision", style="model", errorbar=("pi", 100),
                  estimator="median", ax=ax)
@@ -191,7 +190,6 @@ def flip_kl_figure(steps: pd.DataFrame) -> str | None:
     data = steps.assign(kl_plot=steps["kl"].clip(lower=1e-20),
                         margin_plot=steps["margin_on"].clip(lower=1e-6),
                         outcome=steps["flip"].map({True: "argmax flips", False: "same argmax"}))
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 3.6))
     sns.scatterplot(data=data, x="kl_plot", y="margin_plot", hue="outcome", style="precision",
                     hue_order=["same argmax", "argmax flips"], s=18, alpha=0.7, ax=ax)
@@ -211,7 +209,6 @@ def drift_figure(layers: pd.DataFrame) -> str | None:
         return None
     data = layers.groupby(["model", "precision", "layer"], as_index=False)["l2"].mean()
     data = data.assign(l2_plot=data["l2"].clip(lower=1e-12))
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     sns.lineplot(data=data, x="layer", y="l2_plot", hue="precision", style="model", marker="o", ax=ax)
     ax.set_yscale("log")
@@ -224,7 +221,6 @@ def patching_figure(patching: pd.DataFrame) -> str | None:
     if patching.empty:
         return None
     data = patching.assign(kl_plot=patching["kl"].clip(lower=1e-20))
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 3.2))
     # Log scale set after drawing: seaborn's log_scale=(False, True) drops bars that start at 0.
     sns.barplot(data=data, x="precision", y="kl_plot", hue="patch", hue_order=["none", "residual", "kv_cache"],
@@ -265,7 +261,6 @@ def intervention_figure(interventions: pd.DataFrame) -> str | None:
     if data.empty or data["intervention"].nunique() < 2:
         return None
     data = data.assign(condition=data["a"] + " vs " + data["b"] + ", " + data["batch_size"].astype(str))
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     sns.barplot(data=data, x="intervention", y="ear", hue="condition", errorbar=None, ax=ax)
     ax.set_ylim(0, 1.05)
@@ -278,7 +273,6 @@ def batch_figure(interventions: pd.DataFrame) -> str | None:
     data = interventions[interventions["status"] == "done"] if not interventions.empty else interventions
     if data.empty or data["batch_size"].nunique() < 2:
         return None
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 3.2))
     sns.lineplot(data=data, x="batch_size", y="ear", hue="intervention", style="model", marker="o", ax=ax)
     ax.set_xscale("log", base=2)
@@ -310,7 +304,6 @@ def precision_drift_figure(layers: pd.DataFrame) -> str | None:
         return None
     data = layers.groupby(["model", "a", "b", "layer"], as_index=False)["l2"].mean()
     data = data.assign(pair=data["a"] + " vs " + data["b"], l2_plot=data["l2"].clip(lower=1e-12))
-    sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     sns.lineplot(data=data, x="layer", y="l2_plot", hue="pair", style="model", marker="o", ax=ax)
     ax.set_yscale("log")
