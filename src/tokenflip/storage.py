@@ -140,7 +140,7 @@ def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
     os.close(fd)
     try:
         # zstd-3: the smallest of the fast codecs on these list columns (1.1-1.2x smaller than
-        # snappy, about 135 bytes per generated token at k=16; benchmarks/storage.py).
+        # snappy, about 135 bytes per generated token at k=16; perf/storage.py).
         pq.write_table(table, tmp, compression="zstd", compression_level=3)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())

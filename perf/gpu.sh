@@ -5,9 +5,9 @@
 # Needs python with torch (CUDA) and transformers, and this repository (not installed:
 # src/ goes on PYTHONPATH). Writes everything to gpu-benchmarks.txt (or $OUT).
 #
-#   bash benchmarks/gpu.sh            # about 3-5 minutes on one H100/H200-class GPU
-#   bash benchmarks/gpu.sh --quick    # fewer rounds
-#   MODEL=random-small DEVICE=cpu bash benchmarks/gpu.sh --quick    # smoke test without a GPU
+#   bash perf/gpu.sh            # about 3-5 minutes on one H100/H200-class GPU
+#   bash perf/gpu.sh --quick    # fewer rounds
+#   MODEL=random-small DEVICE=cpu bash perf/gpu.sh --quick    # smoke test without a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -25,7 +25,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
   echo
   status=0
   for script in decode_vs_generate interventions cache_off_scaling; do
-    "$PYTHON" "benchmarks/$script.py" --model "$MODEL" --device "$DEVICE" "$@" || { status=$?; echo "# $script failed ($status)"; }
+    "$PYTHON" "perf/$script.py" --model "$MODEL" --device "$DEVICE" "$@" || { status=$?; echo "# $script failed ($status)"; }
     echo
   done
   echo "# summary lines"

@@ -15,8 +15,8 @@ Targets (issue "Performance"): decode ≥ 1.0× generate's tokens/s; recording �
 loop's time. A microbenchmark beside it times `_record` (step_statistics + the copies
 to Python) on real last-step logits, against the per-step time of the forward pass.
 
-  .venv/bin/python benchmarks/decode_vs_generate.py [--quick]
-  python benchmarks/decode_vs_generate.py --model random-1b --device cuda     # gpu.sh
+  .venv/bin/python perf/decode_vs_generate.py [--quick]
+  python perf/decode_vs_generate.py --model random-1b --device cuda     # gpu.sh
 """
 
 from __future__ import annotations

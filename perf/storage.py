@@ -10,7 +10,7 @@ encoding, on two cell tables with k = 16:
 Write = pq.write_table to a local file (no fsync), read = pq.read_table of every column;
 codecs alternate round by round, medians over rounds, on this process's CPU time.
 
-  .venv/bin/python benchmarks/storage.py [--quick]
+  .venv/bin/python perf/storage.py [--quick]
 """
 
 from __future__ import annotations

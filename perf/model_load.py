@@ -18,7 +18,7 @@ is the part of reading that the cell's first forward pass would otherwise pay.
 
 Target (issue "Performance"): load_prepared ≤ 1.5x safetensors.
 
-  .venv/bin/python benchmarks/model_load.py [--quick]
+  .venv/bin/python perf/model_load.py [--quick]
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ microbenchmark times the head alone (bf16 head vs the fp32 recomputation) to exp
 ungated cost. Every run generates exactly --new-tokens tokens per prompt (no EOS), so the
 variants time the same number of steps even where their tokens differ.
 
-  .venv/bin/python benchmarks/interventions.py [--quick]
-  python benchmarks/interventions.py --model random-1b --device cuda     # gpu.sh
+  .venv/bin/python perf/interventions.py [--quick]
+  python perf/interventions.py --model random-1b --device cuda     # gpu.sh
 """
 
 from __future__ import annotations

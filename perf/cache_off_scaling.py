@@ -12,7 +12,7 @@ CPU the clock is this process's CPU time (single-threaded torch), so other load 
 shared machine barely moves it. A least-squares fit of the cache-off step time against
 the context length gives the linear growth per step.
 
-  .venv/bin/python benchmarks/cache_off_scaling.py [--quick]        # --quick: 32/64/128
+  .venv/bin/python perf/cache_off_scaling.py [--quick]        # --quick: 32/64/128
 """
 
 from __future__ import annotations
