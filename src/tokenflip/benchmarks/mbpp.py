@@ -3,8 +3,9 @@ prompted 3-shot in the standard [BEGIN]/[DONE] format and scored by running the 
 
 from __future__ import annotations
 
-from .base import BenchmarkError, Item
-from .coding import CodeBenchmark, extract_code
+from .base import SOURCE_SCHEMA, BenchmarkError, Item
+from .coding import CodeBenchmark, extract_code, names_from_solution
+from .execution import TestProgram
 from .sources import Source, check_local, load_records
 
 __all__ = ["MBPPBenchmark", "SPLITS", "DEFAULT_HUB_ID", "TEST_TASK_IDS", "SHOT_TASK_IDS", "task_prompt",
@@ -37,12 +38,22 @@ class MBPPBenchmark(CodeBenchmark):
     """MBPP test tasks (task_id 11-510) in task_id order."""
 
     kind = "mbpp"
-    scorer = ("execution: setup/imports + extracted code + every assert of test_list, "
-              "one sandboxed process per sample")
+    scorer = ("execution: test imports + extracted code in a sandboxed candidate process; test imports, setup "
+              "code and every assert of test_list in a trusted test process that calls the names the asserts "
+              "need from the solution with plain data only")
+    spec_schema = {"source": SOURCE_SCHEMA, "split": {"enum": list(SPLITS), "default": "sanitized"},
+                   "shots": {"type": "integer", "minimum": 0, "maximum": len(SHOT_TASK_IDS)},
+                   "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}}
+
+    @classmethod
+    def default_source(cls, options: dict) -> Source:
+        split = options.get("split", "sanitized")
+        return Source(hub=DEFAULT_HUB_ID, config=split if isinstance(split, str) else None, split="test")
 
     def __init__(self, name: str = "mbpp", n: int | None = None, *, split: str = "sanitized",
-                 source: Source | None = None, shots: int = 3, timeout_s: float = 20.0) -> None:
-        super().__init__(name, n, timeout_s=timeout_s)
+                 source: Source | None = None, shots: int = 3, timeout_s: float = 20.0,
+                 unsafe_execution: bool = False) -> None:
+        super().__init__(name, n, timeout_s=timeout_s, unsafe_execution=unsafe_execution)
         if split not in SPLITS:
             raise BenchmarkError(f"{self._label()}: split must be one of {list(SPLITS)}, got {split!r}")
         if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= len(SHOT_TASK_IDS):
@@ -70,6 +81,13 @@ class MBPPBenchmark(CodeBenchmark):
         except (KeyError, TypeError, ValueError) as e:
             raise BenchmarkError(f"{self._label()}: record {index} of {label} is not an MBPP {self.split} "
                                  f"record ({type(e).__name__}: {e})") from e
+        tests = task["test_list"]
+        if not isinstance(record["test_list"], list) or not tests or not all(
+                isinstance(t, str) and t.strip() for t in tests):
+            # An empty list would pass any program; a string would be split into characters.
+            raise BenchmarkError(f"{self._label()}: record {index} (task_id {task['task_id']}) of {label}: "
+                                 f"test_list must be a non-empty list of assert statements, got "
+                                 f"{str(record['test_list'])[:80]!r}")
         imports = record.get("test_imports") or []
         task["imports"] = "\n".join(imports) if isinstance(imports, list) else str(imports)
         task["setup"] = record.get("test_setup_code") or ""
@@ -89,7 +107,7 @@ class MBPPBenchmark(CodeBenchmark):
                 self._tasks[item_id] = task
                 items.append(Item(id=item_id, question=task_prompt(task["text"], task["test_list"]),
                                   gold=task["code"], solution=task["code"]))
-            self._items = items
+            self._items = self.checked(items, f"{self._label()} from {self.source.label()}")
         return list(self._items)
 
     def _shot_source(self) -> Source:
@@ -134,14 +152,18 @@ class MBPPBenchmark(CodeBenchmark):
         """The code between [BEGIN] and [DONE], see `extract_mbpp_code`."""
         return extract_mbpp_code(completion)
 
-    def program(self, item: Item, completion: str) -> str | None:
-        """Test imports, the extracted code, test setup code, then every assert of test_list."""
+    def sample(self, item: Item, completion: str) -> tuple[str, TestProgram] | None:
+        """Solution: test imports and the extracted code. Tests: test imports, setup code and
+        every assert of test_list; names they use but do not define are the solution's (standard
+        modules among them are imported on the trusted side instead)."""
         code = self.extract(completion)
         if code is None:
             return None
         task = self.task(item)
-        tests = "\n".join(task["test_list"])
-        return f"{task['imports']}\n{code}\n\n{task['setup']}\n{tests}\n"
+        tests = f"{task['setup']}\n" + "\n".join(task["test_list"]) + "\n"
+        modules, proxies = names_from_solution(tests, task["imports"], task["code"])
+        prelude = task["imports"] + "".join(f"\nimport {m}" for m in modules) + "\n"
+        return f"{task['imports']}\n{code}\n", TestProgram(prelude=prelude, tests=tests, proxies=tuple(proxies))
 
     def describe(self) -> dict:
         """Prompt format, n, scorer, split, shots, sandbox and source."""

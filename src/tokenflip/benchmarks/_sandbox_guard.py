@@ -1,36 +1,15 @@
-"""Trusted entry point of a sandboxed child: limit itself, disarm dangerous calls, run the
-untrusted program, and print the parent's nonce only if the whole program ran without error.
+"""An in-process convenience layer for the candidate process where the operating system cannot
+isolate it (`unsafe_execution`): disables process creation, signals, sockets and writes outside
+the working directory at the level of the builtin modules. Candidate code can undo it (for
+instance by re-importing modules), so it is never the boundary. Standard library only."""
 
-Run as `python -I _sandbox_runner.py` with a JSON config on stdin; standard library only.
-"""
-
-import json
 import os
-import resource
 import sys
 
 import _signal
 
 
-def _limit(limits):
-    pairs = [
-        (resource.RLIMIT_CPU, limits["cpu_s"], limits["cpu_s"] + 1),
-        (resource.RLIMIT_AS, limits["memory_bytes"], limits["memory_bytes"]),
-        (resource.RLIMIT_FSIZE, limits["file_size_bytes"], limits["file_size_bytes"]),
-        (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
-        (resource.RLIMIT_CORE, 0, 0),
-    ]
-    if limits.get("nproc") is not None:
-        pairs.append((resource.RLIMIT_NPROC, limits["nproc"], limits["nproc"]))
-    for which, soft, hard in pairs:
-        _, old_hard = resource.getrlimit(which)
-        if old_hard != resource.RLIM_INFINITY:
-            soft, hard = min(soft, old_hard), min(hard, old_hard)
-        resource.setrlimit(which, (soft, hard))
-    _signal.alarm(limits["alarm_s"])
-
-
-def _guard(root):
+def install(root):
     """Disable process creation, signals to other processes, sockets and writes outside `root`,
     at the level of the builtin modules, so that os, subprocess, shutil, socket, pty and
     multiprocessing are all covered without importing them here."""
@@ -146,37 +125,3 @@ def _guard(root):
     for name in ("ctypes", "_ctypes", "cffi", "_cffi_backend", "psutil", "resource", "_multiprocessing",
                  "ipdb", "pdb", "tkinter"):
         sys.modules[name] = None
-
-
-def main():
-    write, exit_now, stdout_fd = os.write, os._exit, sys.stdout.fileno()
-    config = json.loads(sys.stdin.read())
-    nonce = config.pop("nonce").encode()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    sys.stdin = open(0, closefd=False)
-    _limit(config["limits"])
-    with open(config["program"], encoding="utf-8") as f:
-        source = f.read()
-    try:
-        code = compile(source, "solution.py", "exec")
-        if config["guard"]:
-            _guard(os.getcwd())
-        del config
-        exec(code, {"__name__": "solution", "__builtins__": __builtins__})
-        sys.stdout.flush()
-    except BaseException:
-        import traceback
-
-        try:
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            exit_now(1)
-    write(stdout_fd, b"\n" + nonce + b"\n")
-    exit_now(0)
-
-
-if __name__ == "__main__":
-    main()

