@@ -124,10 +124,14 @@ def cell_records(arrays: dict, rng: np.random.Generator) -> list[dict]:
     return records
 
 
-def write_files(run_dir: Path, cells: list, pairs: list, budget_s: float, max_files: int) -> tuple[list, float]:
+def write_files(run_dir: Path, cells: list, pairs: list, budget_s: float, max_files: int,
+                config: dict) -> tuple[list, float]:
     """Write cell files (in `cells` order) until `max_files` or `budget_s`; then the pair
-    files of the pairs among them. Returns (cells written, seconds per cell file)."""
+    files of the pairs among them. Returns (cells written, seconds per cell file). Each
+    file carries the provenance a real one does (settings from the plan, environment), so
+    that the summary accepts it and the report renders."""
     from tokenflip import compare, storage
+    from tokenflip.plan import cell_job
 
     rng = np.random.default_rng(0)
     base = base_arrays(rng)
@@ -136,14 +140,19 @@ def write_files(run_dir: Path, cells: list, pairs: list, budget_s: float, max_fi
     for arrays in kinds:
         table = storage.cell_table(cell_records(arrays, rng), K)
         tables.append((table, storage.token_stream_digest(table), storage.logits_digest(table)))
-    env = {"torch": "2.13.0", "device": {"type": "cpu", "name": "synthetic"}}
+    env = {"software": {"torch": "2.13.0", "transformers": "5.24.0"},
+           "device": {"type": "cpu", "name": "synthetic", "threads": 1},
+           "determinism": {"deterministic_algorithms": False}}
     written = []
     t0 = time.perf_counter()
     for i, cell in enumerate(cells[:max_files]):
         table, tok, lg = tables[i % len(tables)]
-        meta = {"kind": "cell", "cell": cell.as_dict(), "cell_id": cell.id, "settings": {"record_top_k": K},
+        meta = {"kind": "cell", "cell": cell.as_dict(), "cell_id": cell.id,
+                "settings": cell_job(config, cell).to_json(), "model": {"architecture": "synthetic"},
+                "benchmark": {"name": cell.benchmark, "kind": "arithmetic"},
                 "environment": env, "token_stream_sha256": tok, "logits_sha256": lg,
-                "wall_seconds": float(rng.uniform(60, 600))}
+                "wall_seconds": float(rng.uniform(60, 600)), "cpu_seconds": float(rng.uniform(60, 600)),
+                "generated_tokens": PROMPTS * STEPS}
         storage.write_table(table, run_dir / "cells" / f"{cell.id}.parquet", meta)
         written.append(cell)
         if time.perf_counter() - t0 > budget_s:
@@ -165,7 +174,9 @@ def write_files(run_dir: Path, cells: list, pairs: list, budget_s: float, max_fi
         table, meta = template
         meta = {**meta, "pair": {**meta.get("pair", {}), "id": pair.id, "label": pair.label, "axis": pair.axis,
                                  "a": pair.a.as_dict(), "b": pair.b.as_dict(), "context": pair.context},
-                "cells": {"a": pair.a.id, "b": pair.b.id}}
+                "cells": {"a": pair.a.id, "b": pair.b.id},
+                "digests": {side: storage.read_metadata(run_dir / "cells" / f"{c.id}.parquet")["token_stream_sha256"]
+                            for side, c in (("a", pair.a), ("b", pair.b))}}
         meta.pop("schema_version", None)
         storage.write_table(table, out, meta)
     return written, per_file
@@ -175,6 +186,7 @@ AGGREGATE = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[5])
 from tokenflip import config as cfg
+from tokenflip.layout import RunLayout
 from tokenflip.plan import expand_cells, expand_pairs
 from tokenflip.summary import write_summaries
 config = cfg.validate(json.load(open(sys.argv[1])), source="bench")
@@ -183,7 +195,9 @@ cells = expand_cells(config)[:n]
 keep = set(cells)
 pairs = [p for p in expand_pairs(config, expand_cells(config)) if p.a in keep and p.b in keep]
 t0 = time.perf_counter()
-write_summaries(cells, pairs, sys.argv[2], sys.argv[3])
+# Cells beyond the first n have no file: the summary lists them as missing.
+from pathlib import Path
+write_summaries(config, RunLayout(config["run"], root=str(Path(sys.argv[2]).parents[1])), sys.argv[3], strict=False)
 seconds = time.perf_counter() - t0
 print(json.dumps({"seconds": seconds, "cells": len(cells), "pairs": len(pairs),
                   "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
@@ -215,7 +229,8 @@ def main(argv=None) -> int:
 
     from tokenflip import config as cfg
     from tokenflip.plan import expand_cells, expand_pairs
-    from tokenflip.summary import SUMMARY_FILES
+    from tokenflip.layout import RunLayout
+    from tokenflip.summary import summary_tables
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="tokenflip-scale-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -254,8 +269,9 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         for model in config["models"]:
             (wf / "resources" / "models" / model).mkdir(parents=True, exist_ok=True)
-        outputs = [cell.path("scale") for cell in cells] + [pair.path("scale") for pair in pairs] + \
-            [f"results/scale/summary/{name}" for name in SUMMARY_FILES] + ["reports/scale/index.html"]
+        layout = RunLayout("scale")
+        outputs = [layout.cell(cell.id) for cell in cells] + [layout.pair(pair.id) for pair in pairs] + \
+            [layout.summary(name) for name in summary_tables()] + [layout.report]
         for path in outputs:
             (wf / path).parent.mkdir(parents=True, exist_ok=True)
             (wf / path).touch()
@@ -276,7 +292,7 @@ def main(argv=None) -> int:
 
         # 3. Aggregation over real-sized synthetic cell files.
         run_dir = root / "agg" / "results" / "scale"
-        written, per_file = write_files(run_dir, cells, pairs, budget, max_files)
+        written, per_file = write_files(run_dir, cells, pairs, budget, max_files, config)
         n = len(written)
         size = sum(f.stat().st_size for f in (run_dir / "cells").rglob("*.parquet"))
         print(f"\nwrote {n} cell files ({PROMPTS} prompts x {STEPS} steps, k={K}; {size / n / 2**20:.2f} MiB each, "

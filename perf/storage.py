@@ -60,7 +60,7 @@ def real_table(args, n_prompts: int, new_tokens: int) -> pa.Table:
     import torch
 
     from tokenflip import storage
-    from tokenflip.cell import eos_ids
+    from tokenflip.runtime import eos_ids
     from tokenflip.decode import decode
 
     model, tokenizer = c.load_model(args, "fp32")

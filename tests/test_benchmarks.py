@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tokenflip.benchmarks import (
-    KNOWN_KINDS,
+    BENCHMARKS,
     MATH_SYSTEM_PROMPT,
     ArithmeticBenchmark,
     Benchmark,
@@ -250,7 +250,7 @@ def test_gsm8k_hub_unreachable(monkeypatch):
 def test_unknown_kind():
     with pytest.raises(BenchmarkError, match="'mmlu'") as info:
         build_benchmark("x", {"kind": "mmlu", "n": 5})
-    assert all(kind in str(info.value) for kind in KNOWN_KINDS)
+    assert all(kind in str(info.value) for kind in BENCHMARKS)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tokenflip.benchmarks import build_benchmark
-from tokenflip.cell import eos_ids, prompt_token_ids
+from tokenflip.runtime import eos_ids, prompt_token_ids
 from tokenflip.decode import decode, greedy, left_pad, step_statistics
 from tokenflip.models import load_prepared
 

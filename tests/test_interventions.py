@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tokenflip.benchmarks import build_benchmark
-from tokenflip.cell import eos_ids, prompt_token_ids
+from tokenflip.runtime import eos_ids, prompt_token_ids
 from tokenflip.decode import decode, left_pad
 from tokenflip.interventions import GatedFP32Head, InterventionHead, apply_to_model
 from tokenflip.models import load_prepared

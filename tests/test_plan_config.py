@@ -8,8 +8,9 @@ import json
 import pytest
 
 from tokenflip import config as cfg
-from tokenflip.plan import (Cell, cell_settings, expand_cells, expand_pairs, pair_from_id,
-                            pair_from_wildcards)
+from tokenflip.jobs import CellJob
+from tokenflip.layout import RunLayout
+from tokenflip.plan import Cell, Pair, cell_job, expand_cells, expand_pairs
 
 from conftest import REPO
 
@@ -52,15 +53,15 @@ def test_cells_and_pairs():
         ("precision", "fp32-on-bs1-greedy-none", "bf16-on-bs1-greedy-none"),
     ]
     for pair in pairs:
-        assert pair_from_id(pair.id) == pair
+        assert Pair.from_id(pair.id) == pair
         model, bench, axis, ab, context = pair.id.split("/")
         a, b = ab.split("_vs_")
-        assert pair_from_wildcards(model, bench, axis, a, b, context) == pair
+        assert Pair.from_parts(model, bench, axis, a, b, context) == pair
 
 
 def test_cell_names_round_trip():
     cell = Cell("m", "b", "fp16", "off", 8, "greedy", "none")
-    assert cell.path("r") == "results/r/cells/m/b/fp16-off-bs8-greedy-none.parquet"
+    assert RunLayout("r").cell(cell.id) == "results/r/cells/m/b/fp16-off-bs8-greedy-none.parquet"
     assert Cell.from_name("m", "b", cell.name) == cell
     assert Cell.from_dict(json.loads(json.dumps(cell.as_dict()))) == cell
 
@@ -68,15 +69,15 @@ def test_cell_names_round_trip():
 def test_cell_settings_depend_on_their_own_model_and_benchmark_only():
     c = valid()
     cell = expand_cells(c)[0]
-    before = cell_settings(c, cell)
+    before = cell_job(c, cell).to_json()
     c2 = copy.deepcopy(BASE)
     c2["models"]["m2"] = {"source": "random", "architecture": "mistral"}
     c2["benchmarks"]["other"] = {"kind": "arithmetic", "n": 7}
     c2 = cfg.validate(c2)
-    assert cell_settings(c2, cell) == before
+    assert cell_job(c2, cell).to_json() == before
     c3 = copy.deepcopy(c2)
     c3["benchmarks"]["other"]["n"] = 9
-    assert cell_settings(c3, cell) == before
+    assert cell_job(c3, cell).to_json() == before
 
 
 def test_yaml_booleans_for_cache_mean_on_and_off():

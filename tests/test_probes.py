@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from tokenflip.benchmarks import build_benchmark
-from tokenflip.cell import eos_ids, prompt_token_ids
+from tokenflip.runtime import eos_ids, prompt_token_ids
 from tokenflip.models import load_prepared
-from tokenflip.probes.kv_cache import kl_divergence, patch_steps, probe_prompt
+from tokenflip.probes.kv_cache import patch_steps, probe_prompt
+from tokenflip.probes.replay import kl_divergence
 from tokenflip.probes.replay import replay
 
 

@@ -75,7 +75,8 @@ def run(tmp_path_factory) -> dict[str, Any]:
     and the rendered report with its CSV tables."""
     from tokenflip import cli
     from tokenflip import config as cfg
-    from tokenflip.plan import cell_settings, expand_cells, expand_pairs, probe_settings, probe_targets
+    from tokenflip.layout import RunLayout
+    from tokenflip.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
 
     root = tmp_path_factory.mktemp("browser-run")
     raw = yaml.safe_load(write_config(root, {"tiny-llama": MODEL_A}).read_text())
@@ -84,28 +85,24 @@ def run(tmp_path_factory) -> dict[str, Any]:
     raw["benchmarks"]["arith"].update(n=6, max_new_tokens=16)
     config = cfg.validate(raw)
     config_json = json.dumps(config, sort_keys=True)
-    run_name = config["run"]
-    results = root / "results" / run_name
-    models = {name: root / "resources" / "models" / name for name in config["models"]}
+    layout = RunLayout(config["run"], root=str(root))
+    models = {name: layout.model_dir(name) for name in config["models"]}
     cells = expand_cells(config)
-    jobs = [["prepare-model", "--spec", json.dumps(spec), "--out", str(models[name])]
+    jobs = [["prepare-model", "--spec", json.dumps(spec), "--out", models[name]]
             for name, spec in config["models"].items()]
-    jobs += [["generate", "--quiet", "--settings", json.dumps(cell_settings(config, cell)),
-              "--model-dir", str(models[cell.model]), "--out", str(root / cell.path(run_name))] for cell in cells]
-    jobs += [["compare", str(root / pair.a.path(run_name)), str(root / pair.b.path(run_name)),
-              "--pair-id", pair.id, "--out", str(root / pair.path(run_name))]
+    jobs += [["generate", "--quiet", "--job", cell_job(config, cell).dumps(),
+              "--model-dir", models[cell.model], "--out", layout.cell(cell.id)] for cell in cells]
+    jobs += [["compare", layout.cell(pair.a.id), layout.cell(pair.b.id),
+              "--pair-id", pair.id, "--out", layout.pair(pair.id)]
              for pair in expand_pairs(config, cells)]
-    jobs += [["probe", "--settings", json.dumps(probe_settings(config, probe, model, bench)),
-              "--model-dir", str(models[model]), "--out-dir", str(results / "probes" / model / bench / probe)]
+    jobs += [["probe", "--job", probe_job(config, probe, model, bench).dumps(),
+              "--model-dir", models[model], "--out-dir", layout.probe_dir(probe, model, bench)]
              for probe, model, bench in probe_targets(config)]
-    jobs += [["summarize", "--config-json", config_json, "--results", str(results),
-              "--out-dir", str(results / "summary")],
-             ["report", "--config-json", config_json, "--summary-dir", str(results / "summary"),
-              "--out", str(root / "reports" / run_name / "index.html")]]
+    jobs += [["summarize", "--config-json", config_json, "--root", str(root)],
+             ["report", "--config-json", config_json, "--root", str(root)]]
     for argv in jobs:
         assert cli.main(argv) == 0, argv
-    return {"root": root, "config": config, "summary": results / "summary",
-            "report": root / "reports" / run_name / "index.html"}
+    return {"root": root, "config": config, "summary": Path(layout.summary_dir), "report": Path(layout.report)}
 
 
 # ------------------------------------------------------------------ DevTools over a pipe

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tokenflip.benchmarks import build_benchmark
-from tokenflip.cell import eos_ids, prompt_token_ids
+from tokenflip.runtime import eos_ids, prompt_token_ids
 from tokenflip.decode import decode, left_pad
 from tokenflip.models import load_prepared
 from tokenflip.sampling import make_selector, prompt_seed

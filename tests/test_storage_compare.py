@@ -66,9 +66,15 @@ def write_pair_inputs(tmp_path, meta_b_over=None):
                top_ids=[[10, 11, 12, 13], [11, 12, 13, 14], [40, 12, 14, 15]]),
     ], K)
     pa_, pb_ = tmp_path / "a.parquet", tmp_path / "b.parquet"
-    storage.write_table(a, pa_, cell_meta(CELL_A))
-    storage.write_table(b, pb_, cell_meta(CELL_B, **(meta_b_over or {})))
+    storage.write_table(a, pa_, with_digests(a, cell_meta(CELL_A)))
+    storage.write_table(b, pb_, with_digests(b, cell_meta(CELL_B, **(meta_b_over or {}))))
     return pa_, pb_
+
+
+def with_digests(table, meta):
+    """The metadata with the digests of `table` (what `run_cell` records)."""
+    return {**meta, "token_stream_sha256": storage.token_stream_digest(table),
+            "logits_sha256": storage.logits_digest(table)}
 
 
 def test_compare_known_divergence(tmp_path):

@@ -3,116 +3,92 @@ benchmark in fixed batches, decode, score, and write the cell's Parquet file."""
 
 from __future__ import annotations
 
-import os
-import random
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from . import provenance, storage
-from .benchmarks import build_benchmark
-from .decode import decode, left_pad
+from . import provenance, runtime, storage
+from .benchmarks import Benchmark, Item, build_benchmark
+from .decode import BatchResult, decode, left_pad
+from .interventions import apply_to_model, weights_precision
+from .jobs import CellJob
 from .models import load_prepared
-from .plan import Cell
 from .sampling import make_selector
-from .interventions import apply_to_model
 
 
-def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Chat-template the messages into token ids, exactly once, with the generation prompt."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def _records(job: CellJob, bench: Benchmark, batch: list[Item], batch_index: int, first_index: int,
+             prompts: list[list[int]], result: BatchResult, tokenizer, cpu_seconds: float) -> list[dict[str, Any]]:
+    """One row per prompt of a decoded batch: tokens, per-step statistics, score."""
+    k = job.record_top_k
+    rows = []
+    for offset, (item, prompt, gen) in enumerate(zip(batch, prompts, result.generations)):
+        text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        rows.append({
+            "prompt_index": first_index + offset, "prompt_id": item.id, "batch_index": batch_index,
+            "prompt_ids": prompt, "token_ids": gen.token_ids,
+            "top_ids": np.asarray(gen.top_ids, dtype=np.int32).reshape(-1, k),
+            "top_logits": np.asarray(gen.top_logits, dtype=np.float32).reshape(-1, k),
+            "margin": gen.margin, "logsumexp": gen.logsumexp, "entropy": gen.entropy,
+            "intervened": gen.intervened, "n_tokens": len(gen.token_ids),
+            "finish_reason": gen.finish_reason, "text": text, "gold": item.gold,
+            "extracted": bench.extract(text), "correct": bench.is_correct(item, text),
+            "latency_s": result.wall_seconds, "cpu_s": cpu_seconds,
+        })
+    return rows
 
 
-def eos_ids(model, tokenizer) -> list[int]:
-    ids = set()
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    for value in (gen_eos, tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    return sorted(ids)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def set_deterministic(mode: str) -> None:
-    """The deterministic axis: torch's deterministic algorithms on or off (cuBLAS needs a
-    fixed workspace for them); `default` leaves torch as it is."""
-    if mode == "default":
-        return
-    if mode == "on":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(mode == "on")
-
-
-def run_cell(settings: dict[str, Any], model_dir: str | Path, out_path: str | Path,
-             progress: bool = True) -> dict[str, Any]:
-    """Generate the cell described by `settings` (see `plan.cell_settings`) into `out_path`."""
-    cell = Cell.from_dict(settings["cell"])
-    if settings.get("threads"):
-        torch.set_num_threads(int(settings["threads"]))
-    set_deterministic(cell.deterministic)
-    seed_everything(int(settings["run_seed"]))
-    intervention = settings["intervention"]
-    # The fp32 oracle keeps fp32 weights; every other cell rounds them to its precision.
-    load_precision = "fp32" if intervention.get("kind") == "fp32_oracle" else cell.precision
-    model, tokenizer, manifest = load_prepared(model_dir, load_precision, settings["device"], cell.attention)
-    if intervention.get("kind") != "fp32_oracle":
-        model = apply_to_model(model, intervention)
-    bench = build_benchmark(cell.benchmark, settings["benchmark"])
+def generate_records(job: CellJob, model, tokenizer, bench: Benchmark, progress: bool = True) -> list[dict]:
+    """Decode every item of the benchmark in fixed batches of the cell's batch size."""
+    cell = job.cell
     items = bench.items()
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = eos_ids(model, tokenizer)
-    k = int(settings["record_top_k"])
+    eos, pad = runtime.special_ids(model, tokenizer)
     records: list[dict[str, Any]] = []
     batches = [items[i:i + cell.batch_size] for i in range(0, len(items), cell.batch_size)]
-    bar = tqdm(batches, desc=cell.id, unit="batch", disable=not progress)
-    for b, batch in enumerate(bar):
-        prompts = [prompt_token_ids(tokenizer, bench.messages(item)) for item in batch]
-        ids, mask = left_pad(prompts, pad_id)
-        select = make_selector(settings["decoding"], [item.id for item in batch],
-                               int(settings["run_seed"]), model.device)
-        result = decode(model, ids, mask, max_new_tokens=int(settings["max_new_tokens"]),
-                        use_cache=cell.cache == "on", eos_token_ids=eos, pad_token_id=pad_id,
-                        record_top_k=k, select=select)
-        for item, prompt, gen in zip(batch, prompts, result.generations):
-            text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-            extracted = bench.extract(text)
-            records.append({
-                "prompt_index": len(records), "prompt_id": item.id, "batch_index": b,
-                "prompt_ids": prompt, "token_ids": gen.token_ids,
-                "top_ids": np.asarray(gen.top_ids, dtype=np.int32).reshape(-1, k),
-                "top_logits": np.asarray(gen.top_logits, dtype=np.float32).reshape(-1, k),
-                "margin": gen.margin, "logsumexp": gen.logsumexp, "entropy": gen.entropy,
-                "intervened": gen.intervened, "n_tokens": len(gen.token_ids),
-                "finish_reason": gen.finish_reason, "text": text, "gold": item.gold,
-                "extracted": extracted, "correct": bench.is_correct(item, text),
-                "latency_s": result.wall_seconds,
-            })
-    table = storage.cell_table(records, k)
+    for b, batch in enumerate(tqdm(batches, desc=cell.id, unit="batch", disable=not progress)):
+        prompts = [runtime.prompt_token_ids(tokenizer, bench.messages(item)) for item in batch]
+        ids, mask = left_pad(prompts, pad)
+        select = make_selector(job.decoding, [item.id for item in batch], job.run_seed, model.device)
+        cpu_start = time.process_time()
+        result = decode(model, ids, mask, max_new_tokens=job.max_new_tokens, use_cache=cell.cache == "on",
+                        eos_token_ids=eos, pad_token_id=pad, record_top_k=job.record_top_k, select=select)
+        cpu = time.process_time() - cpu_start
+        records += _records(job, bench, batch, b, len(records), prompts, result, tokenizer, cpu)
+    return records
+
+
+def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Generate the cell `job` describes (see `plan.cell_job`) into `out_path`."""
+    if not isinstance(job, CellJob):
+        job = CellJob.from_json(job)
+    cell = job.cell
+    runtime.prepare_process(job.run_seed, job.threads, cell.deterministic)
+    bench = build_benchmark(cell.benchmark, job.benchmark)
+    model, tokenizer, manifest = load_prepared(model_dir, weights_precision(job.intervention, cell.precision),
+                                               job.device, cell.attention)
+    model = apply_to_model(model, job.intervention)
+    records = generate_records(job, model, tokenizer, bench, progress)
+    table = storage.cell_table(records, job.record_top_k)
+    eos, pad = runtime.special_ids(model, tokenizer)
+    first_rows = records[::cell.batch_size]
     metadata = {
         "kind": "cell",
         "cell": cell.as_dict(),
         "cell_id": cell.id,
-        "settings": settings,
-        "model": {k_: manifest.get(k_) for k_ in ("spec", "architecture", "num_parameters", "weights_sha256",
-                                                  "tokenizer_sha256", "source_digest", "resolved_revision")},
+        "settings": job.to_json(),
+        "model": {k: manifest.get(k) for k in ("spec", "architecture", "num_parameters", "weights_sha256",
+                                               "tokenizer_sha256", "source_digest", "resolved_revision")},
         "benchmark": bench.describe(),
         "eos_token_ids": eos,
-        "pad_token_id": pad_id,
+        "pad_token_id": pad,
         "environment": provenance.environment(model.device),
         "token_stream_sha256": storage.token_stream_digest(table),
         "logits_sha256": storage.logits_digest(table),
-        "wall_seconds": float(sum(r["latency_s"] for r in records[::cell.batch_size])),
+        "wall_seconds": float(sum(r["latency_s"] for r in first_rows)),
+        "cpu_seconds": float(sum(r["cpu_s"] for r in first_rows)),
+        "generated_tokens": int(sum(r["n_tokens"] for r in records)),
     }
     storage.write_table(table, out_path, metadata)
     return metadata

@@ -28,12 +28,11 @@ def cmd_prepare_model(args) -> None:
 
 def cmd_run_cell(args) -> None:
     """One cell of a config, outside Snakemake: prepares the model if needed."""
-    from pathlib import Path
-
     from . import config as cfg
     from .cell import run_cell
+    from .layout import RunLayout
     from .models import prepare
-    from .plan import cell_settings, expand_cells
+    from .plan import cell_job, expand_cells
 
     config = cfg.load(args.config)
     cells = {cell.id: cell for cell in expand_cells(config)}
@@ -41,46 +40,53 @@ def cmd_run_cell(args) -> None:
         raise cfg.ConfigError(f"{args.config}: no cell {args.cell!r}; `tokenflip plan --config "
                               f"{args.config}` lists them")
     cell = cells[args.cell]
-    model_dir = Path(args.models_dir) / cell.model
+    layout = RunLayout(config["run"])
+    model_dir = Path(args.models_dir) / cell.model if args.models_dir else Path(layout.model_dir(cell.model))
     if not (model_dir / "model.json").exists():
         prepare(config["models"][cell.model], model_dir)
-    out = args.out or cell.path(config["run"])
-    meta = run_cell(cell_settings(config, cell), model_dir, out, progress=not args.quiet)
+    out = args.out or layout.cell(cell.id)
+    meta = run_cell(cell_job(config, cell), model_dir, out, progress=not args.quiet)
     print(f"{out}: token-stream sha256 {meta['token_stream_sha256']}")
 
 
 def cmd_generate(args) -> None:
     from .cell import run_cell
+    from .jobs import CellJob
 
-    meta = run_cell(args.settings, args.model_dir, args.out, progress=not args.quiet)
+    meta = run_cell(CellJob.from_json(args.job), args.model_dir, args.out, progress=not args.quiet)
     print(f"{meta['cell_id']}: token-stream sha256 {meta['token_stream_sha256']}")
 
 
 def cmd_probe(args) -> None:
-    from .probes import kv_cache, precision
+    from .jobs import JobSpecError, ProbeJob
+    from .probes import PROBES
 
-    probes = {"kv_cache": kv_cache.run_probe, "precision": precision.run_probe}
-    name = args.settings.get("probe")
-    if name not in probes:
-        raise SystemExit(f"tokenflip probe: unknown probe {name!r}; known: {sorted(probes)}")
-    probes[name](args.settings, args.model_dir, args.out_dir)
-    print(f"probe written to {args.out_dir}")
+    job = ProbeJob.from_json(args.job)
+    if job.probe not in PROBES:
+        raise JobSpecError(f"probe job: unknown probe {job.probe!r}; known: {PROBES.names()}")
+    PROBES[job.probe].run(job, args.model_dir, args.out_dir)
+    print(f"probe {job.probe} written to {args.out_dir}")
 
 
 def cmd_compare(args) -> None:
-    from .compare import compare_files
-    from .plan import Pair
+    from .compare import ComparabilityError, compare_files
+    from .jobs import COMPARABLE_AXES, Cell, Pair
     from .storage import read_metadata
 
     if args.pair_id:
-        from .plan import pair_from_id
-        pair = pair_from_id(args.pair_id)
+        pair = Pair.from_id(args.pair_id)
     else:
-        from .plan import Cell
-        a, b = Cell.from_dict(read_metadata(args.a)["cell"]), Cell.from_dict(read_metadata(args.b)["cell"])
-        axes = [ax for ax in ("precision", "cache", "batch_size", "decoding", "intervention")
-                if a.value(ax) != b.value(ax)]
-        pair = Pair(axes[0] if len(axes) == 1 else args.axis or "", a, b)
+        metas = [read_metadata(path) for path in (args.a, args.b)]
+        for path, meta in zip((args.a, args.b), metas):
+            if meta.get("kind") != "cell":
+                raise ComparabilityError(f"{path}: a {meta.get('kind')!r} file; compare takes two cell files")
+        a, b = (Cell.from_dict(meta["cell"]) for meta in metas)
+        axes = [ax for ax in COMPARABLE_AXES if a.value(ax) != b.value(ax)]
+        if len(axes) != 1 or a.model != b.model or a.benchmark != b.benchmark:
+            raise ComparabilityError(f"{args.a} and {args.b} differ in {axes or 'nothing'}"
+                                     f"{' and in model or benchmark' if (a.model, a.benchmark) != (b.model, b.benchmark) else ''}"
+                                     f": compare needs two cells of one model and benchmark that differ in exactly one axis")
+        pair = Pair(axes[0], a, b)
     meta = compare_files(pair, args.a, args.b, args.out)
     s = meta["summary"]
     print(f"{pair.label}: {s['n_diverged']}/{s['n_prompts']} prompts diverged "
@@ -88,85 +94,102 @@ def cmd_compare(args) -> None:
           f"{100 * s['divergence_ci_high']:.1f}%)")
 
 
-def _plan(args):
+def _config(args, check_data: bool = True):
     from . import config as cfg
-    from .plan import expand_cells, expand_pairs
 
     if getattr(args, "config_json", None) is not None:
-        config = cfg.validate(args.config_json, source="--config-json")
-    else:
-        config = cfg.load(args.config)
-    cells = expand_cells(config)
-    return config, cells, expand_pairs(config, cells)
+        return cfg.validate(args.config_json, source="--config-json", check_data=check_data)
+    return cfg.load(args.config, check_data=check_data)
+
+
+def _layout(args, config):
+    from .layout import RunLayout
+
+    return RunLayout(config["run"], root=args.root or "")
 
 
 def cmd_summarize(args) -> None:
     from .summary import write_summaries
 
-    from .plan import probe_targets
-
-    config, cells, pairs = _plan(args)
-    write_summaries(cells, pairs, args.results, args.out_dir, probe_targets(config))
+    config = _config(args, check_data=False)
+    write_summaries(config, _layout(args, config))
 
 
 def cmd_report(args) -> None:
-    from .report import render
+    """The report from the summaries; with --partial (after a failed run), from whatever
+    results exist, listing the missing and refused ones."""
+    from .report import render, render_partial
 
-    config, _, _ = _plan(args)
-    print(render(args.summary_dir, args.out, config))
+    config = _config(args, check_data=False)
+    layout = _layout(args, config)
+    if args.partial:
+        out = render_partial(config, layout)
+        print(f"partial report (some jobs failed or are missing): {out}")
+    else:
+        print(render(layout.summary_dir, layout.report, config))
 
 
 def cmd_digest(args) -> None:
-    from .storage import read_metadata
+    from .storage import read_cell
 
     for path in args.cells:
-        meta = read_metadata(path)
+        _, meta = read_cell(path)
         print(f"{meta['token_stream_sha256']}  {path}")
 
 
 def cmd_diff_runs(args) -> None:
     """Exit status 0 when every shared cell is bitwise identical, 3 when some differ."""
-    from pathlib import Path
-
     from .compare import compare_tables
-    from .storage import read_metadata, read_table
+    from .layout import cell_ids_under
+    from .storage import StorageError, read_cell
 
     roots = [Path(args.run_a) / "cells", Path(args.run_b) / "cells"]
-    ids = [{str(p.relative_to(r))[: -len(".parquet")] for p in r.rglob("*.parquet")} for r in roots]
-    shared = sorted(ids[0] & ids[1])
+    for root in roots:
+        if not root.is_dir():
+            raise StorageError(f"{root}: no such directory (give two results/<run> directories)")
+    files = [cell_ids_under(root) for root in roots]
+    shared = sorted(set(files[0]) & set(files[1]))
     if not shared:
-        raise SystemExit(f"tokenflip diff-runs: no cell is in both {roots[0]} and {roots[1]}")
+        raise StorageError(f"no cell is in both {roots[0]} and {roots[1]}")
     differing = 0
     for cell_id in shared:
-        paths = [r / f"{cell_id}.parquet" for r in roots]
-        metas = [read_metadata(p) for p in paths]
-        machines = " vs ".join(m["environment"]["device"]["name"] for m in metas)
-        if metas[0]["token_stream_sha256"] == metas[1]["token_stream_sha256"]:
-            same_logits = metas[0]["logits_sha256"] == metas[1]["logits_sha256"]
+        (table_a, meta_a), (table_b, meta_b) = (read_cell(f[cell_id]) for f in files)
+        machines = " vs ".join(m["environment"]["device"]["name"] for m in (meta_a, meta_b))
+        if meta_a["token_stream_sha256"] == meta_b["token_stream_sha256"]:
+            same_logits = meta_a["logits_sha256"] == meta_b["logits_sha256"]
             print(f"identical  {cell_id}  (tokens{' and logits' if same_logits else ', logits differ'}; {machines})")
             continue
         differing += 1
-        k = int(metas[0]["settings"]["record_top_k"])
-        per_prompt = compare_tables(read_table(paths[0])[0], read_table(paths[1])[0], k).to_pandas()
+        per_prompt = compare_tables(table_a, table_b, int(meta_a["settings"]["record_top_k"])).to_pandas()
         diverged = per_prompt[~per_prompt["identical"]]
+        if diverged.empty:
+            print(f"DIFFERENT  {cell_id}  (other prompts or prompt ids; {machines})")
+            continue
         first = diverged.sort_values("first_div_step").iloc[0]
         print(f"DIFFERENT  {cell_id}  {len(diverged)}/{len(per_prompt)} prompts; earliest at step "
               f"{int(first['first_div_step'])} of {first['prompt_id']} ({machines})")
-    only = sorted(ids[0] ^ ids[1])
+    only = sorted(set(files[0]) ^ set(files[1]))
     for cell_id in only:
-        print(f"only in {'a' if cell_id in ids[0] else 'b'}  {cell_id}")
+        print(f"only in {'a' if cell_id in files[0] else 'b'}  {cell_id}")
     print(f"{len(shared) - differing} identical, {differing} different, {len(only)} in one run only")
     if differing:
         raise SystemExit(3)
 
 
 def cmd_plan(args) -> None:
-    config, cells, pairs = _plan(args)
+    from .plan import expand_cells, expand_pairs, probe_targets
+
+    config = _config(args)
+    cells = expand_cells(config)
+    pairs = expand_pairs(config, cells)
     for cell in cells:
         print(f"cell  {cell.id}")
     for pair in pairs:
         print(f"pair  {pair.id}")
-    print(f"{len(cells)} cells, {len(pairs)} pairs", file=sys.stderr)
+    probes = probe_targets(config)
+    for probe, model, bench in probes:
+        print(f"probe {model}/{bench}/{probe}")
+    print(f"{len(cells)} cells, {len(pairs)} pairs, {len(probes)} probe jobs", file=sys.stderr)
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -175,32 +198,27 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--config-json", type=_json_arg, help="the config itself, as JSON")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenflip", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def _run_args(p: argparse.ArgumentParser) -> None:
+    _config_args(p)
+    p.add_argument("--root", help="the working directory that holds results/ and reports/ (default: .)")
 
+
+def _job_commands(sub) -> None:
+    """The commands the pipeline's jobs call, one job spec each."""
     p = sub.add_parser("prepare-model", help="convert a model once into a prepared directory")
     p.add_argument("--spec", type=_json_arg, required=True, help="model spec as JSON (a config 'models' entry)")
     p.add_argument("--out", required=True, help="directory to create")
     p.set_defaults(func=cmd_prepare_model)
 
-    p = sub.add_parser("run-cell", help="run one cell of a config (no Snakemake), preparing its model if needed")
-    p.add_argument("--config", required=True, help="config YAML file")
-    p.add_argument("--cell", required=True, help="cell id, e.g. smollm2-135m/arithmetic/bf16-on-bs1-greedy-none")
-    p.add_argument("--out", help="Parquet file to write (default: the pipeline's path under results/)")
-    p.add_argument("--models-dir", default="resources/models", help="prepared models (default: %(default)s)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_run_cell)
-
-    p = sub.add_parser("generate", help="run one cell from its settings JSON (what the pipeline calls)")
-    p.add_argument("--settings", type=_json_arg, required=True, help="cell settings as JSON")
+    p = sub.add_parser("generate", help="run one cell from its job spec (what the pipeline calls)")
+    p.add_argument("--job", type=_json_arg, required=True, help="cell job spec as JSON")
     p.add_argument("--model-dir", required=True, help="prepared model directory")
     p.add_argument("--out", required=True, help="cell Parquet file to write")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("probe", help="run a mechanism probe for one model and benchmark")
-    p.add_argument("--settings", type=_json_arg, required=True, help="probe settings as JSON")
+    p.add_argument("--job", type=_json_arg, required=True, help="probe job spec as JSON")
     p.add_argument("--model-dir", required=True, help="prepared model directory")
     p.add_argument("--out-dir", required=True, help="directory for the probe's Parquet tables")
     p.set_defaults(func=cmd_probe)
@@ -210,22 +228,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b")
     p.add_argument("--out", required=True, help="pair Parquet file to write")
     p.add_argument("--pair-id", help="pair id (model/benchmark/axis/a_vs_b/context), as the pipeline names it")
-    p.add_argument("--axis", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("summarize", help="aggregate a run's cells and pairs into summary tables")
+
+def _run_commands(sub) -> None:
+    """The commands people call on a config or a run."""
+    p = sub.add_parser("plan", help="list the cells, pairs and probe jobs a config defines")
     _config_args(p)
-    p.add_argument("--results", required=True, help="results/<run> directory")
-    p.add_argument("--out-dir", required=True)
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("run-cell", help="run one cell of a config (no Snakemake), preparing its model if needed")
+    p.add_argument("--config", required=True, help="config YAML file")
+    p.add_argument("--cell", required=True, help="cell id, e.g. smollm2-135m/arithmetic/bf16-on-bs1-greedy-none")
+    p.add_argument("--out", help="Parquet file to write (default: the pipeline's path under results/)")
+    p.add_argument("--models-dir", help="prepared models (default: resources/models)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run_cell)
+
+    p = sub.add_parser("summarize", help="check a run's results against its config and write the summary tables")
+    _run_args(p)
     p.set_defaults(func=cmd_summarize)
 
-    p = sub.add_parser("report", help="render the HTML report from summary tables")
-    _config_args(p)
-    p.add_argument("--summary-dir", required=True)
-    p.add_argument("--out", required=True)
+    p = sub.add_parser("report", help="render the HTML report from the summary tables")
+    _run_args(p)
+    p.add_argument("--partial", action="store_true",
+                   help="after a failed run: summarise whatever results exist and render them, "
+                        "listing what is missing or refused")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("digest", help="print the token-stream sha256 of cell files")
+    p = sub.add_parser("digest", help="print the token-stream sha256 of cell files (recomputed from the data)")
     p.add_argument("cells", nargs="+")
     p.set_defaults(func=cmd_digest)
 
@@ -235,9 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_b", help="results/<run> directory (e.g. from a cluster)")
     p.set_defaults(func=cmd_diff_runs)
 
-    p = sub.add_parser("plan", help="list the cells and pairs a config defines")
-    _config_args(p)
-    p.set_defaults(func=cmd_plan)
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenflip", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_commands(sub)
+    _job_commands(sub)
     return parser
 
 
@@ -245,13 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     from .benchmarks import BenchmarkError
     from .compare import ComparabilityError
     from .config import ConfigError
+    from .jobs import JobSpecError
     from .models import ModelError
     from .storage import StorageError
+    from .summary import ResultError
 
     args = build_parser().parse_args(argv)
+    if args.command in ("generate", "probe", "prepare-model", "compare"):
+        from .runtime import watch_scheduler
+
+        watch_scheduler()
     try:
         args.func(args)
-    except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError) as exc:
+    except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
+            ResultError) as exc:
         print(f"tokenflip {args.command}: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -14,10 +14,11 @@ import numpy as np
 import pyarrow as pa
 
 from . import stats, storage
-from .plan import Pair
+from .jobs import Pair
 
 # Provenance fields that legitimately differ between two cells of one run.
-_FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "wall_seconds", "schema_version"}
+_FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "wall_seconds", "cpu_seconds",
+                "generated_tokens", "schema_version"}
 
 
 # The paper's gate threshold τ: a step whose top-2 margin is below it is a near-tie.
@@ -190,11 +191,13 @@ def _ratio(num: float, den: float) -> float:
 
 def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: str | Path) -> dict[str, Any]:
     """Compare two cell files and write the per-prompt table with the pair summary."""
-    meta_a = storage.read_metadata(path_a)
-    meta_b = storage.read_metadata(path_b)
+    table_a, meta_a = storage.read_cell(path_a)
+    table_b, meta_b = storage.read_cell(path_b)
+    for path, meta, cell in ((path_a, meta_a, pair.a), (path_b, meta_b, pair.b)):
+        if meta.get("cell_id") != cell.id:
+            raise ComparabilityError(f"{path}: holds cell {meta.get('cell_id')!r}, but pair {pair.id!r} "
+                                     f"expects {cell.id!r} there")
     check_comparable(meta_a, meta_b, pair.axis, path_a, path_b)
-    table_a, _ = storage.read_table(path_a)
-    table_b, _ = storage.read_table(path_b)
     k = int(meta_a["settings"]["record_top_k"])
     per_prompt = compare_tables(table_a, table_b, k)
     summary = summarize(per_prompt)

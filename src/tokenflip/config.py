@@ -4,15 +4,19 @@ naming the file, the key and the value."""
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.resources
 from pathlib import Path
 from typing import Any, Iterable
 
 import jsonschema
 import yaml
 
-from .plan import COMPARABLE_AXES, EXTRA_AXES
+from .jobs import AXIS_DEFAULTS, COMPARABLE_AXES
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+# Shipped inside the package, so that any installation (not only a checkout) validates.
+SCHEMA_RESOURCE = ("tokenflip", "schemas/config.schema.yaml")
+DEFAULT_CONFIG = "config/config.yaml"
 
 
 class ConfigError(ValueError):
@@ -71,33 +75,114 @@ def _normalise(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _apply_defaults(config: dict[str, Any], schema: dict[str, Any]) -> None:
-    for key, sub in schema.get("properties", {}).items():
-        if "default" in sub and key not in config:
-            config[key] = copy.deepcopy(sub["default"])
-        if isinstance(config.get(key), dict) and sub.get("type") == "object":
-            _apply_defaults(config[key], sub)
+def _kinds_schema(entries: dict[str, dict[str, Any]], common: dict[str, Any]) -> dict[str, Any]:
+    """A mapping entry whose keys depend on its `kind`: one if/then branch per kind."""
+    return {
+        "type": "object", "required": ["kind"],
+        "properties": {"kind": {"enum": list(entries)}},
+        "allOf": [{"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+                   "then": {"properties": {**common, **options}, "additionalProperties": False}}
+                  for kind, options in entries.items()],
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_text() -> str:
+    package, name = SCHEMA_RESOURCE
+    return importlib.resources.files(package).joinpath(name).read_text()
+
+
+def schema() -> dict[str, Any]:
+    """The config schema: the shipped YAML completed from the registries (benchmark kinds,
+    intervention kinds, probes and axes), so the enums never drift from the code."""
+    from .benchmarks import BENCHMARKS, COMMON_SPEC_SCHEMA
+    from .interventions import INTERVENTIONS
+    from .probes import COMMON_OPTIONS, PROBES
+
+    full = yaml.safe_load(_schema_text())
+    props = full["properties"]
+    props["benchmarks"]["additionalProperties"] = _kinds_schema(
+        {kind: cls.spec_schema for kind, cls in BENCHMARKS.items()}, COMMON_SPEC_SCHEMA)
+    props["interventions"]["additionalProperties"] = _kinds_schema(
+        {name: entry.options for name, entry in INTERVENTIONS.items()}, {"kind": {"type": "string"}})
+    props["probes"]["properties"] = {
+        name: {"type": "object", "additionalProperties": False, "description": probe.summary,
+               "properties": {**COMMON_OPTIONS, **probe.options}}
+        for name, probe in PROBES.items()}
+    props["comparisons"]["items"]["properties"]["axis"] = {"enum": list(COMPARABLE_AXES)}
+    return full
+
+
+def apply_defaults(instance: Any, schema: dict[str, Any]) -> None:
+    """Fill in every `default` of the schema, in place, inside maps and lists too (a map's
+    entries through `additionalProperties`, a kind's options through a matching if/then),
+    so that a job's settings record every value it used and no code restates a default.
+    A default is applied only where its parent exists (an optional block stays absent
+    unless it has a default itself)."""
+    if isinstance(instance, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in instance and "default" in sub:
+                instance[key] = copy.deepcopy(sub["default"])
+            if key in instance:
+                apply_defaults(instance[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, value in instance.items():
+                if key not in schema.get("properties", {}):
+                    apply_defaults(value, extra)
+        for branch in schema.get("allOf", []):
+            if "if" in branch and jsonschema.Draft202012Validator(branch["if"]).is_valid(instance):
+                apply_defaults(instance, branch.get("then", {}))
+            elif "if" not in branch:
+                apply_defaults(instance, branch)
+    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        for value in instance:
+            apply_defaults(value, schema["items"])
 
 
 def _where(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "(top level)"
 
 
-def validate(config: dict[str, Any], source: str = "config", schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
+def validate(config: dict[str, Any], source: str = "config", check_data: bool = True) -> dict[str, Any]:
     """Return the normalised config with defaults filled in, or raise ConfigError listing
-    every problem as `source: key.path: message`."""
-    schema = yaml.safe_load(schema_path.read_text())
+    every problem as `source: key.path: message`. With `check_data`, every benchmark is
+    also built and its items counted (no model needed), so that a bad benchmark entry or
+    data file fails here, before any job runs, not in a generation job's log."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
+    full_schema = schema()
     config = _normalise(config)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(full_schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = [f"{source}: {_where(e)}: {_describe(e)}" for e in _leaf_errors(errors)]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
-    _apply_defaults(config, schema)
+    apply_defaults(config, full_schema)
     problems = list(_semantic_problems(config))
+    if check_data and not problems:
+        problems = list(_benchmark_problems(config))
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(f"{source}: {p}" for p in problems))
     return config
+
+
+def _benchmark_problems(config: dict[str, Any]):
+    """Build every benchmark and count its items. Hub sources are not fetched here (a
+    login node may have no network); their records are checked when a cell loads them."""
+    from .benchmarks import BenchmarkError, build_benchmark
+
+    for name, spec in config["benchmarks"].items():
+        try:
+            bench = build_benchmark(name, spec)
+            sources = [getattr(bench, attr, None) for attr in ("source", "exemplar_source")]
+            if any(src is not None and src.hub is not None for src in sources):
+                continue
+            bench.items()
+            if hasattr(bench, "shot_tasks"):
+                bench.shot_tasks()
+        except BenchmarkError as exc:
+            yield f"benchmarks.{name}: {exc}"
 
 
 def _leaf_errors(errors: Iterable[jsonschema.ValidationError]) -> list[jsonschema.ValidationError]:
@@ -131,6 +216,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 def _semantic_problems(config: dict[str, Any]):
     """Cross-references the schema cannot express."""
+    from .plan import expand_cells, pairs_of_comparison
+
     for i, grid in enumerate(config["grids"]):
         for axis, block, default in (("decoding", "decoding", "greedy"),
                                      ("intervention", "interventions", "none")):
@@ -138,7 +225,7 @@ def _semantic_problems(config: dict[str, Any]):
                 if label not in config[block]:
                     yield (f"grids.{i}.{axis}: {label!r} is not defined under '{block}' "
                            f"(defined: {sorted(config[block])})")
-    defaults = {"decoding": "greedy", "intervention": "none", **EXTRA_AXES}
+    defaults = AXIS_DEFAULTS
     values: dict[str, set] = {axis: set() for axis in COMPARABLE_AXES}
     for i, grid in enumerate(config["grids"]):
         for axis in COMPARABLE_AXES:
@@ -158,8 +245,38 @@ def _semantic_problems(config: dict[str, Any]):
             if v not in values[axis]:
                 yield (f"comparisons.{i}.{side}: {comp[side]!r} is not a value of axis '{axis}' "
                        f"in any grid (values: {sorted(map(str, values[axis]))})")
+    if not any(True for _ in _reference_problems(config)):
+        cells = expand_cells(config)
+        for i, comp in enumerate(config["comparisons"]):
+            if comp["a"] != comp["b"] and not pairs_of_comparison(comp, cells):
+                yield (f"comparisons.{i}: {comp['axis']} {comp['a']!r} vs {comp['b']!r} forms no pair: no two "
+                       f"cells differ only in {comp['axis']!r} (put both values in one grid, with the same "
+                       f"other axis values)")
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def _reference_problems(config: dict[str, Any]):
+    """Names a grid uses that are not defined (without them the cells cannot be listed)."""
+    for grid in config["grids"]:
+        for axis, block in (("decoding", "decoding"), ("intervention", "interventions")):
+            for label in grid.get(axis, [AXIS_DEFAULTS[axis]]):
+                if label not in config[block]:
+                    yield label
+        for key in ("models", "benchmarks"):
+            for name in grid.get(key, []):
+                if name not in config[key]:
+                    yield name
+
+
+def load(path: str | Path, check_data: bool = True) -> dict[str, Any]:
     """Read and validate a config file (the entry point outside Snakemake)."""
-    return validate(read_yaml(path), source=str(path))
+    return validate(read_yaml(path), source=str(path), check_data=check_data)
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`, mappings merged key by key (what Snakemake does with
+    several --configfile and --config values)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else copy.deepcopy(value)
+    return out

@@ -19,112 +19,78 @@ applied at load time by `apply_to_model`. The wrapped model still works with
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-import torch
-from torch import nn
+from .registry import Registry
 
-KINDS = ("none", "quantize", "topk_fp32", "fp32_head", "sharpen", "global_fp32", "fp32_oracle")
-
-
-def _margin(logits: torch.Tensor) -> torch.Tensor:
-    top = torch.topk(logits.float(), 2, dim=-1).values
-    return top[..., 0] - top[..., 1]
+# The head modules need torch; the registry does not (the config schema and the Snakefile
+# read it), so they load on first use.
+_HEADS = ("InterventionHead", "GatedFP32Head", "fired")
 
 
-class InterventionHead(nn.Module):
-    """Wraps a Linear lm_head. `fired` holds, after each call, which rows the gate opened."""
+def __getattr__(name: str):
+    if name in _HEADS:
+        from . import heads
 
-    def __init__(self, head: nn.Linear, kind: str, tau: float = 1e-3, gated: bool = True, top_k: int = 8,
-                 temperature: float = 0.5):
-        super().__init__()
-        if kind not in ("quantize", "topk_fp32", "fp32_head", "sharpen"):
-            raise ValueError(f"not an lm_head intervention: {kind!r}")
-        if tau <= 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.head, self.kind, self.tau, self.gated, self.top_k = head, kind, float(tau), gated, int(top_k)
-        self.temperature = float(temperature)
-        self.fired: torch.Tensor | None = None
-
-    @property
-    def weight(self) -> torch.Tensor:  # tied-embedding code paths look for lm_head.weight
-        return self.head.weight
-
-    def _fp32(self, hidden: torch.Tensor, rows: torch.Tensor | None = None, chunk: int = 4096) -> torch.Tensor:
-        """fp32 logits from the 16-bit hidden state and weights. The weight is upcast a
-        block of vocabulary rows at a time: no full fp32 copy, and far less memory traffic."""
-        weight = self.head.weight if rows is None else self.head.weight[rows]
-        h = hidden.float()
-        out = torch.cat([h @ weight[i:i + chunk].float().T for i in range(0, weight.shape[0], chunk)], dim=-1)
-        bias = self.head.bias
-        if bias is not None:
-            out = out + (bias.float() if rows is None else bias[rows].float())
-        return out
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head(hidden)
-        last = logits[:, -1]
-        if self.kind in ("quantize", "sharpen"):
-            self.fired = torch.ones(last.shape[0], dtype=torch.bool, device=last.device)
-            out = logits.float()
-            if self.kind == "quantize":
-                out[:, -1] = torch.floor(out[:, -1] / self.tau) * self.tau
-            else:
-                out[:, -1] = out[:, -1] / self.temperature
-            return out
-        gate = _margin(last) < self.tau if self.gated else torch.ones(last.shape[0], dtype=torch.bool,
-                                                                       device=last.device)
-        self.fired = gate
-        if not bool(gate.any()):
-            return logits
-        out = logits.float()
-        rows = torch.nonzero(gate).flatten()
-        if self.kind == "fp32_head":
-            out[rows, -1] = self._fp32(hidden[rows, -1])
-        else:
-            cand = torch.topk(last[rows].float(), min(self.top_k, last.shape[-1]), dim=-1).indices
-            for i, row in enumerate(rows.tolist()):
-                exact = self._fp32(hidden[row, -1], cand[i])
-                out[row, -1, cand[i]] = torch.floor(exact / self.tau) * self.tau
-        return out
+        return getattr(heads, name)
+    raise AttributeError(name)
 
 
-class GatedFP32Head(InterventionHead):
-    """Margin-gated FP32 lm_head recomputation (intervention C) as a drop-in module."""
+@dataclass(frozen=True)
+class Intervention:
+    """One kind of intervention a config's `interventions:` entry may name.
 
-    def __init__(self, head: nn.Linear, tau: float = 1e-3, gated: bool = True):
-        super().__init__(head, "fp32_head", tau=tau, gated=gated)
+    `options` is the JSON schema of its keys besides `kind` (defaults included: the config
+    fills them in, so the cell's settings record every value used); `install` changes a
+    model loaded in the cell's precision and returns it; `fp32_weights` loads the weights
+    in fp32 instead (the oracle)."""
 
-    @classmethod
-    def wrap(cls, model, tau: float = 1e-3, gated: bool = True):
-        """Replace `model`'s lm_head in place by the gated FP32 head; returns the model.
-        Greedy `generate()` then recomputes the head in fp32 whenever the top-2 margin of
-        the 16-bit logits is below `tau`."""
+    name: str
+    summary: str
+    install: Callable[[Any, dict], Any]
+    options: dict = field(default_factory=dict)
+    fp32_weights: bool = False
+
+
+def _head(kind: str) -> Callable[[Any, dict], Any]:
+    def install(model, spec: dict):
+        from .heads import InterventionHead
+
         head = model.get_output_embeddings()
-        model.set_output_embeddings(cls(head, tau=tau, gated=gated))
+        options = {k: spec[k] for k in ("tau", "gated", "top_k", "temperature") if k in spec}
+        model.set_output_embeddings(InterventionHead(head, kind, **options))
         return model
+    return install
+
+
+_TAU = {"type": "number", "exclusiveMinimum": 0, "default": 1e-3,
+        "description": "top-2 margin gate / bin width (logits)"}
+
+# The intervention kinds a config may name: one entry per kind.
+INTERVENTIONS: Registry[Intervention] = Registry("intervention kind", [
+    Intervention("none", "no change", lambda model, spec: model),
+    Intervention("quantize", "A: logits binned to multiples of tau", _head("quantize"), {"tau": _TAU}),
+    Intervention("topk_fp32", "B: top_k candidates recomputed in fp32 when the margin is below tau",
+                 _head("topk_fp32"), {"tau": _TAU, "top_k": {"type": "integer", "minimum": 2, "default": 8}}),
+    Intervention("fp32_head", "C: the whole LM head recomputed in fp32, gated by margin < tau or always",
+                 _head("fp32_head"), {"tau": _TAU, "gated": {"type": "boolean", "default": True}}),
+    Intervention("sharpen", "logits divided by a temperature below 1 (cannot change greedy tokens)",
+                 _head("sharpen"), {"temperature": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                                                    "default": 0.5}}),
+    Intervention("global_fp32", "16-bit weights, fp32 compute", lambda model, spec: model.float()),
+    Intervention("fp32_oracle", "fp32 weights and compute", lambda model, spec: model, fp32_weights=True),
+])
+
+
+def weights_precision(spec: dict[str, Any], precision: str) -> str:
+    """The precision to load a cell's weights in: fp32 for the oracle, else the cell's."""
+    return "fp32" if INTERVENTIONS[spec.get("kind", "none")].fp32_weights else precision
 
 
 def apply_to_model(model, spec: dict[str, Any]):
     """Install the intervention a config entry describes; returns the model."""
     kind = spec.get("kind", "none")
-    if kind == "none":
-        return model
-    if kind == "global_fp32":
-        return model.float()  # weights already rounded to the cell's 16-bit precision
-    if kind in ("quantize", "topk_fp32", "fp32_head", "sharpen"):
-        head = model.get_output_embeddings()
-        model.set_output_embeddings(InterventionHead(head, kind, tau=spec.get("tau", 1e-3),
-                                                     gated=spec.get("gated", True), top_k=spec.get("top_k", 8),
-                                                     temperature=spec.get("temperature", 0.5)))
-        return model
-    if kind == "fp32_oracle":
-        raise ValueError("fp32_oracle is applied when loading (fp32 weights), not to a loaded model")
-    raise ValueError(f"unknown intervention {kind!r}; known: {KINDS}")
-
-
-def fired(model) -> torch.Tensor | None:
-    head = model.get_output_embeddings()
-    return head.fired if isinstance(head, InterventionHead) else None
+    if kind not in INTERVENTIONS:
+        raise ValueError(f"unknown intervention {kind!r}; known: {INTERVENTIONS.names()}")
+    return INTERVENTIONS[kind].install(model, spec)

@@ -106,9 +106,7 @@ def kv_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:
     cache = pairs[(pairs["axis"] == "cache") & (pairs["status"] == "done")].copy()
     if cache.empty:
         return []
-    parts = cache["context"].str.split("-", expand=True)
-    cache = cache.assign(precision=parts[0], batch_size=parts[2], decoding=parts[3], intervention=parts[4],
-                         accuracy_diff=cache["accuracy_a"] - cache["accuracy_b"])
+    cache = cache.assign(accuracy_diff=cache["accuracy_a"] - cache["accuracy_b"])
     return cache.sort_values(["model", "benchmark", "decoding", "precision", "batch_size"]).to_dict("records")
 
 
@@ -248,9 +246,7 @@ def precision_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:
     prec = pairs[(pairs["axis"] == "precision") & (pairs["status"] == "done")].copy()
     if prec.empty:
         return []
-    parts = prec["context"].str.split("-", expand=True)
-    prec = prec.assign(cache=parts[1], batch_size=parts[2], decoding=parts[3], intervention=parts[4],
-                       ear_low=1 - prec["divergence_ci_high"], ear_high=1 - prec["divergence_ci_low"])
+    prec = prec.assign(ear_low=1 - prec["divergence_ci_high"], ear_high=1 - prec["divergence_ci_low"])
     prec = prec[prec["intervention"] == "none"]
     return prec.sort_values(["model", "benchmark", "a", "b", "cache", "batch_size"]).to_dict("records")
 
@@ -339,14 +335,14 @@ def cv_heuristic(cells: pd.DataFrame, interventions: pd.DataFrame) -> list[dict[
 
 
 def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
-           title: str | None = None) -> Path:
+           title: str | None = None, partial: bool = False) -> Path:
     summary_dir, out_path = Path(summary_dir), Path(out_path)
     cells, _ = storage.read_table(summary_dir / "cells.parquet")
     pairs, _ = storage.read_table(summary_dir / "pairs.parquet")
     first_div, _ = storage.read_table(summary_dir / "first_divergence.parquet")
     cells_df, pairs_df, first_df = cells.to_pandas(), pairs.to_pandas(), first_div.to_pandas()
     done_pairs = pairs_df[pairs_df["status"] == "done"] if not pairs_df.empty else pairs_df
-    environment = _first_environment(summary_dir.parent / "cells", cells_df)
+    environment = _environment(_read_optional(summary_dir / "environment.parquet"))
     kv_steps = _read_optional(summary_dir / "kv_steps.parquet")
     kv_layers = _read_optional(summary_dir / "kv_layers.parquet")
     kv_patching = _read_optional(summary_dir / "kv_patching.parquet")
@@ -355,7 +351,8 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     precision_rows = precision_table(pairs_df)
     prec_steps = _read_optional(summary_dir / "precision_steps.parquet")
     context = dict(
-        title=title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}",
+        title=(title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}")
+        + (" (partial: some jobs failed)" if partial else ""),
         run=config["run"],
         headline=_headline(done_pairs),
         pairs=pairs_df.sort_values(["model", "benchmark", "axis", "a", "b", "context"]).to_dict("records")
@@ -462,17 +459,37 @@ def _headline(pairs: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _first_environment(cells_dir: Path, cells_df: pd.DataFrame) -> dict[str, Any]:
-    """Software and device of the run, and each model's and benchmark's provenance once."""
+def _environment(rows: pd.DataFrame) -> dict[str, Any]:
+    """Software, device and determinism of the run (the first machine's), and each model's
+    and benchmark's provenance, from the summary's environment table."""
     env: dict[str, Any] = {"models": {}, "benchmarks": {}}
-    if cells_df.empty:
-        return env
-    for row in cells_df[cells_df["status"] == "done"].itertuples():
-        if row.model in env["models"] and row.benchmark in env["benchmarks"]:
-            continue
-        meta = storage.read_metadata(cells_dir / f"{row.cell_id}.parquet")
-        for key in ("software", "device", "determinism"):
-            env.setdefault(key, meta["environment"][key])
-        env["models"].setdefault(row.model, meta["model"])
-        env["benchmarks"].setdefault(row.benchmark, meta["benchmark"])
+    for row in rows.itertuples() if not rows.empty else ():
+        value = json.loads(row.json)
+        if row.kind in ("software", "device", "determinism"):
+            env.setdefault(row.kind, value)
+        else:
+            env[f"{row.kind}s"].setdefault(row.name, value)
     return env
+
+
+def render_partial(config: dict[str, Any], layout) -> Path:
+    """After a failed run: summarise whatever results exist (missing and refused ones
+    listed, nothing refused used) into a scratch folder, render the report from it, and
+    remove the run's summary tables, which no longer match the report. With the
+    summaries gone, the next `snakemake` run redoes them, the report, and every job whose
+    output is still missing."""
+    import shutil
+    import tempfile
+
+    from .summary import summary_tables, write_summaries
+
+    Path(layout.results).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".summary-partial.", dir=layout.results))
+    try:
+        write_summaries(config, layout, scratch, strict=False)
+        out = render(scratch, layout.report, config, partial=True)
+        for name in summary_tables():
+            Path(layout.summary(name)).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out

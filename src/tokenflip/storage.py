@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .runtime import exit_if_orphaned
+
 SCHEMA_VERSION = 1
 META_KEY = b"tokenflip"
 
@@ -141,9 +143,11 @@ def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
     try:
         # zstd-3: the smallest of the fast codecs on these list columns (1.1-1.2x smaller than
         # snappy, about 135 bytes per generated token at k=16; perf/storage.py).
-        pq.write_table(table, tmp, compression="zstd", compression_level=3)
+        # Page checksums: a corrupt data page is an error on read, not silently wrong values.
+        pq.write_table(table, tmp, compression="zstd", compression_level=3, write_page_checksum=True)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        exit_if_orphaned(lambda: Path(tmp).unlink(missing_ok=True))  # an orphaned job leaves no result
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -164,10 +168,32 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return json.loads(raw)
 
 
-def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[pa.Table, dict[str, Any]]:
+def read_table(path: str | Path, columns: list[str] | None = None,
+               kind: str | None = None) -> tuple[pa.Table, dict[str, Any]]:
+    """The table and its provenance; with `kind`, refuse a file of another kind (a pair
+    file where a cell file is expected, say)."""
     meta = read_metadata(path)
+    if kind is not None and meta.get("kind") != kind:
+        raise StorageError(f"{path}: a {meta.get('kind')!r} file, expected a {kind!r} file")
     try:
-        table = pq.read_table(path, columns=columns)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise StorageError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
+        table = pq.read_table(path, columns=columns, page_checksum_verification=True)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise StorageError(f"{path}: corrupt or truncated Parquet file ({type(exc).__name__}: {exc})") from None
+    return table, meta
+
+
+def read_cell(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
+    """A whole cell file, every data page decoded, with its digests recomputed from the
+    data: a file whose pages are corrupt, or whose data no longer match the digests
+    recorded when it was written, is refused naming the file. Verdicts that rest on a
+    digest (identical, done) must come from here, never from the metadata alone."""
+    table, meta = read_table(path, kind="cell")
+    for key, digest in (("token_stream_sha256", token_stream_digest), ("logits_sha256", logits_digest)):
+        try:
+            actual = digest(table)
+        except (pa.ArrowException, KeyError, ValueError) as exc:
+            raise StorageError(f"{path}: cannot recompute {key} ({type(exc).__name__}: {exc})") from None
+        if actual != meta.get(key):
+            raise StorageError(f"{path}: the data do not match the recorded {key} (recorded "
+                               f"{str(meta.get(key))[:12]}…, data {actual[:12]}…): corrupt or edited file")
     return table, meta

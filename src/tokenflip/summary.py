@@ -1,9 +1,18 @@
-"""Aggregate a run into the summary tables the report reads: file metadata and small
-per-prompt pair tables, one file at a time; per-step columns only through Arrow compute
-(never materialised as Python objects)."""
+"""Aggregate a run into the summary tables the report reads, after checking that every
+result is what the config asks for.
+
+A cell file is used only if its recorded cell id, cell and settings are exactly the
+current config's for its path, and its data match the digests recorded when it was
+written (recomputed here); a pair file only if it was made from the cells now on disk; a
+probe table only if its settings are the current ones. Anything else is refused with the
+file, the differing field and what to run next (`ResultError`), never summarised under a
+name it does not belong to. Per-step columns go through Arrow compute only.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,165 +20,314 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from . import storage
-from .plan import PROBE_TABLES, Cell, Pair
+from .jobs import COMPARABLE_AXES, Cell, Pair
+from .layout import RunLayout
+from .plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
 
-SUMMARY_FILES = ("cells.parquet", "pairs.parquet", "first_divergence.parquet", "interventions.parquet",
-                 "kv_steps.parquet", "kv_layers.parquet", "kv_patching.parquet",
-                 "precision_steps.parquet", "precision_layers.parquet", "precision_grafting.parquet",
-                 "precision_lens.parquet")
-_PROBE_PREFIX = {"kv_cache": "kv", "precision": "precision"}
+BASE_TABLES = ("cells", "pairs", "first_divergence", "interventions", "environment")
 
 
-def cell_rows(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
-    rows = []
-    for cell in cells:
-        path = run_dir / "cells" / f"{cell.id}.parquet"
+class ResultError(ValueError):
+    """A result file is not what the config asks for (stale, foreign, corrupt)."""
+
+
+def summary_tables() -> list[str]:
+    """Every summary table: the base ones and each registered probe's."""
+    from .probes import PROBES
+
+    return [*BASE_TABLES, *(name for probe in PROBES.values() for name in probe.summary_tables())]
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
+
+
+def first_difference(recorded: Any, expected: Any) -> tuple[str, Any, Any] | None:
+    """The first field (dotted path) where two settings differ, with both values."""
+    a, b = _flatten(json.loads(json.dumps(recorded))), _flatten(json.loads(json.dumps(expected)))
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            return key, a.get(key, "<absent>"), b.get(key, "<absent>")
+    return None
+
+
+def _redo(path: str) -> str:
+    return f"remove it, or run `snakemake --forcerun {path}` to make it again"
+
+
+@dataclass
+class Checked:
+    """What the checks found: usable results, and refusals (file -> reason)."""
+
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def refuse(self, path: str, reason: str) -> None:
+        self.refused[path] = reason
+
+
+def check_cell(path: str, cell: Cell, expected_settings: dict[str, Any]) -> tuple[pa.Table, dict[str, Any]]:
+    """The cell file at `path`, if it is the cell the config asks for there; else ResultError."""
+    try:
+        table, meta = storage.read_cell(path)
+    except storage.StorageError as exc:
+        raise ResultError(f"{exc}; {_redo(path)}") from None
+    if meta.get("cell_id") != cell.id or meta.get("cell") != cell.as_dict():
+        raise ResultError(f"{path}: holds cell {meta.get('cell_id')!r}, not {cell.id!r} (a file copied from "
+                          f"elsewhere?); {_redo(path)}")
+    diff = first_difference(meta.get("settings"), expected_settings)
+    if diff is not None:
+        key, got, want = diff
+        raise ResultError(f"{path}: made with settings.{key} = {got!r}, but the config asks for {want!r}; "
+                          f"{_redo(path)}")
+    return table, meta
+
+
+def _seconds(meta: dict[str, Any]) -> float:
+    """The cell's compute time robust to other load: process CPU time on a CPU, wall time
+    (synchronised) on an accelerator, where the host CPU mostly waits."""
+    device = meta.get("environment", {}).get("device", {}).get("type")
+    if device == "cpu" and meta.get("cpu_seconds") is not None:
+        return float(meta["cpu_seconds"])
+    return float(meta.get("wall_seconds", float("nan")))
+
+
+def cell_row(cell: Cell, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
+    steps = pc.sum(table.column("n_tokens")).as_py() or 0
+    fired = pc.sum(pc.list_flatten(table.column("intervened")).cast(pa.int64())).as_py() or 0
+    flat_margin = pc.list_flatten(table.column("margin"))
+    mean_margin, std_margin = pc.mean(flat_margin).as_py(), pc.stddev(flat_margin).as_py()
+    acc = pd.Series(table.column("correct").to_pylist(), dtype="boolean").fillna(False)
+    env = meta["environment"]
+    seconds = _seconds(meta)
+    return dict(
+        status="done", n_prompts=table.num_rows, accuracy=float(acc.mean()), generated_tokens=int(steps),
+        wall_seconds=float(meta["wall_seconds"]), compute_seconds=seconds,
+        seconds_per_token=seconds / steps if steps else float("nan"),
+        token_stream_sha256=meta["token_stream_sha256"], logits_sha256=meta["logits_sha256"],
+        device_name=env["device"]["name"], device_type=env["device"]["type"],
+        torch=env["software"].get("torch"), transformers=env["software"].get("transformers"),
+        trigger_rate=fired / steps if steps else float("nan"),
+        mean_margin=float("nan") if mean_margin is None else float(mean_margin),
+        cv_margin=float(std_margin / mean_margin) if mean_margin and std_margin is not None else float("nan"))
+
+
+def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked) -> tuple[list[dict], dict[str, dict]]:
+    """One row per planned cell (missing ones included), and the metadata of the usable ones."""
+    rows, metas = [], {}
+    for cell in expand_cells(config):
+        path = layout.cell(cell.id)
         row: dict[str, Any] = {"cell_id": cell.id, **cell.as_dict(), "status": "missing"}
-        if path.exists():
+        if Path(path).exists():
             try:
-                meta = storage.read_metadata(path)
-                correct = pq.read_table(path, columns=["correct", "n_tokens", "intervened", "margin"])
-                steps = pc.sum(correct.column("n_tokens")).as_py() or 0
-                fired = pc.sum(pc.list_flatten(correct.column("intervened")).cast(pa.int64())).as_py() or 0
-                flat_margin = pc.list_flatten(correct.column("margin"))
-                mean_margin = pc.mean(flat_margin).as_py()
-                std_margin = pc.stddev(flat_margin).as_py()
-                acc = pd.Series(correct.column("correct").to_pylist(), dtype="boolean").fillna(False)
-                row.update(status="done", n_prompts=correct.num_rows, accuracy=float(acc.mean()),
-                           generated_tokens=int(steps),
-                           wall_seconds=meta["wall_seconds"], token_stream_sha256=meta["token_stream_sha256"],
-                           logits_sha256=meta["logits_sha256"], device=meta["environment"]["device"]["name"],
-                           trigger_rate=fired / steps if steps else float("nan"),
-                           mean_margin=float("nan") if mean_margin is None else float(mean_margin),
-                           cv_margin=float(std_margin / mean_margin) if mean_margin and std_margin is not None
-                           else float("nan"))
-            except storage.StorageError as exc:
-                row.update(status="unreadable", error=str(exc))
+                table, meta = check_cell(path, cell, cell_job(config, cell).to_json())
+                row.update(cell_row(cell, table, meta))
+                metas[cell.id] = meta
+            except ResultError as exc:
+                checked.refuse(path, str(exc))
+                row.update(status="refused", error=str(exc))
         rows.append(row)
-    return rows
+    return rows, metas
 
 
-def pair_rows(pairs: list[Pair], run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    rows, first_div = [], []
-    for pair in pairs:
-        path = run_dir / "pairs" / f"{pair.id}.parquet"
-        row: dict[str, Any] = {"pair_id": pair.id, "label": pair.label, "axis": pair.axis,
-                               "model": pair.a.model, "benchmark": pair.a.benchmark,
-                               "a": str(pair.a.value(pair.axis)), "b": str(pair.b.value(pair.axis)),
-                               "context": pair.context, "cell_a": pair.a.id, "cell_b": pair.b.id,
-                               "status": "missing"}
-        if path.exists():
+def _pair_base(pair: Pair) -> dict[str, Any]:
+    shared = {axis: (None if axis == pair.axis else pair.a.value(axis)) for axis in COMPARABLE_AXES}
+    return {"pair_id": pair.id, "label": pair.label, "axis": pair.axis, "model": pair.a.model,
+            "benchmark": pair.a.benchmark, "a": str(pair.a.value(pair.axis)), "b": str(pair.b.value(pair.axis)),
+            "context": pair.context, "cell_a": pair.a.id, "cell_b": pair.b.id, **shared, "status": "missing"}
+
+
+def check_pair(path: str, pair: Pair, cell_metas: dict[str, dict]) -> tuple[pa.Table, dict[str, Any]]:
+    """The pair file at `path`, if it compares exactly the two cells now on disk."""
+    try:
+        table, meta = storage.read_table(path, kind="pair")
+    except storage.StorageError as exc:
+        raise ResultError(f"{exc}; {_redo(path)}") from None
+    if meta.get("pair", {}).get("id") != pair.id:
+        raise ResultError(f"{path}: holds pair {meta.get('pair', {}).get('id')!r}, not {pair.id!r}; {_redo(path)}")
+    for side, cell in (("a", pair.a), ("b", pair.b)):
+        current = cell_metas.get(cell.id)
+        if current is None:
+            raise ResultError(f"{path}: its cell {side} ({cell.id}) is missing or refused; {_redo(path)}")
+        if meta.get("digests", {}).get(side) != current["token_stream_sha256"]:
+            raise ResultError(f"{path}: made from another version of cell {side} ({cell.id}: token-stream digest "
+                              f"{str(meta.get('digests', {}).get(side))[:12]}… vs "
+                              f"{current['token_stream_sha256'][:12]}… now); {_redo(path)}")
+    return table, meta
+
+
+def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, dict],
+              checked: Checked) -> tuple[list[dict], list[dict], dict[str, pd.DataFrame]]:
+    """One row per planned pair; the first-divergence rows; each usable pair's per-prompt
+    agreement (for the interventions table)."""
+    rows, first_div, agreement = [], [], {}
+    for pair in expand_pairs(config, expand_cells(config)):
+        path = layout.pair(pair.id)
+        row = _pair_base(pair)
+        if Path(path).exists():
             try:
-                table, meta = storage.read_table(path, columns=["prompt_id", "first_div_step",
-                                                                "margin_a_at_div", "margin_b_at_div"])
+                table, meta = check_pair(path, pair, cell_metas)
+            except ResultError as exc:
+                checked.refuse(path, str(exc))
+                row.update(status="refused", error=str(exc))
+            else:
                 row.update(status="done", **meta["summary"], machine_a=meta["machines"]["a"],
                            machine_b=meta["machines"]["b"])
-                for rec in table.to_pylist():
-                    if rec["first_div_step"] is not None:
-                        first_div.append({"pair_id": pair.id, "label": pair.label, "axis": pair.axis,
-                                          "context": pair.context, **rec})
-            except storage.StorageError as exc:
-                row.update(status="unreadable", error=str(exc))
+                df = table.select(["prompt_id", "identical", "first_div_step", "margin_a_at_div",
+                                   "margin_b_at_div"]).to_pandas()
+                agreement[pair.id] = df.set_index("prompt_id")[["identical"]].rename(columns={"identical": "agree"})
+                for rec in df[df["first_div_step"].notna()].drop(columns="identical").to_dict("records"):
+                    first_div.append({"pair_id": pair.id, "label": pair.label, "axis": pair.axis,
+                                      "context": pair.context, "model": pair.a.model,
+                                      "benchmark": pair.a.benchmark, **rec})
         rows.append(row)
-    return rows, first_div
+    return rows, first_div, agreement
 
 
-def probe_frames(probes: list[tuple[str, str, str]], run_dir: Path) -> dict[str, pd.DataFrame]:
-    """Every probe table of every model × benchmark, concatenated per probe and table;
-    per-layer drift is averaged over prompts (the report plots layers, not prompts)."""
-    frames: dict[str, list[pd.DataFrame]] = {}
-    for probe, model, bench in probes:
-        for name in PROBE_TABLES[probe]:
-            key = f"{_PROBE_PREFIX[probe]}_{name}.parquet"
-            frames.setdefault(key, [])
-            path = run_dir / "probes" / model / bench / probe / f"{name}.parquet"
-            if path.exists():
-                df = storage.read_table(path)[0].to_pandas()
-                frames[key].append(df.assign(model=model, benchmark=bench))
-    out = {name: pd.DataFrame() for name in SUMMARY_FILES if name.startswith(("kv_", "precision_"))}
-    out.update({key: pd.concat(dfs, ignore_index=True) for key, dfs in frames.items() if dfs})
-    if not out["kv_layers.parquet"].empty:
-        out["kv_layers.parquet"] = out["kv_layers.parquet"].groupby(
-            ["model", "benchmark", "precision", "layer", "step"], as_index=False)[["l2", "rel_l2"]].mean()
-    if not out["precision_layers.parquet"].empty:
-        out["precision_layers.parquet"] = out["precision_layers.parquet"].groupby(
-            ["model", "benchmark", "a", "b", "layer", "step"], as_index=False)["l2"].mean()
+def probe_frames(config: dict[str, Any], layout: RunLayout, checked: Checked) -> dict[str, pd.DataFrame]:
+    """Every probe table of every model × benchmark, concatenated per probe and table and
+    reduced as the probe says; a table made with other settings is refused."""
+    from .probes import PROBES
+
+    frames: dict[str, list[pd.DataFrame]] = {name: [] for probe in PROBES.values()
+                                             for name in probe.summary_tables()}
+    for probe_name, model, bench in probe_targets(config):
+        probe = PROBES[probe_name]
+        expected = probe_job(config, probe_name, model, bench).to_json()
+        for table_name in probe.tables:
+            path = layout.probe_table(probe_name, model, bench, table_name)
+            if not Path(path).exists():
+                continue
+            try:
+                table, meta = storage.read_table(path, kind="probe")
+            except storage.StorageError as exc:
+                checked.refuse(path, f"{exc}; {_redo(path)}")
+                continue
+            diff = first_difference(meta.get("settings"), expected)
+            if diff is not None:
+                checked.refuse(path, f"{path}: made with settings.{diff[0]} = {diff[1]!r}, but the config asks "
+                                     f"for {diff[2]!r}; {_redo(path)}")
+                continue
+            frames[f"{probe.summary_prefix}_{table_name}"].append(
+                table.to_pandas().assign(model=model, benchmark=bench))
+    out = {}
+    for probe in PROBES.values():
+        for table_name in probe.tables:
+            key = f"{probe.summary_prefix}_{table_name}"
+            df = pd.concat(frames[key], ignore_index=True) if frames[key] else pd.DataFrame()
+            if not df.empty and table_name in probe.aggregate:
+                df = probe.aggregate[table_name](df)
+            out[key] = df
     return out
 
 
-def intervention_rows(pairs: list[Pair], run_dir: Path, cells: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each intervention against the baseline (`none`) for the same precision pair and
-    conditions: exact agreement, lift with a paired bootstrap 90% interval, exact McNemar
-    on agreement, trigger rate and wall-time overhead (paper Table 3, per batch size)."""
+def _paired_bootstrap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """90% percentile interval of mean(x - y) over prompts resampled in pairs."""
     from scipy.stats import bootstrap
 
+    if len(x) < 2 or not np.any(x != y):
+        return (float(np.mean(x - y)),) * 2 if len(x) else (float("nan"), float("nan"))
+    ci = bootstrap((x, y), lambda u, v, axis=-1: np.mean(u - v, axis=axis), paired=True, confidence_level=0.9,
+                   n_resamples=2000, method="percentile", random_state=np.random.default_rng(0),
+                   vectorized=True).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+def intervention_rows(config: dict[str, Any], agreement: dict[str, pd.DataFrame],
+                      cells: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each intervention against no intervention for the same precision pair and every
+    other axis equal: exact agreement, lift with a paired bootstrap 90% interval, exact
+    McNemar on agreement, trigger rate and the per-token compute overhead of the two
+    cells (paper Table 3, per batch size)."""
     from .stats import mcnemar_exact
 
-    by_key: dict[tuple, dict[str, Pair]] = {}
-    for pair in pairs:
-        if pair.axis != "precision":
-            continue
-        a = pair.a
-        key = (a.model, a.benchmark, str(a.precision), str(pair.b.precision), a.cache, a.batch_size, a.decoding)
-        by_key.setdefault(key, {})[a.intervention] = pair
-    wall = cells.set_index("cell_id")["wall_seconds"].to_dict() if "wall_seconds" in cells else {}
+    groups: dict[tuple, dict[str, Pair]] = {}
+    for pair in expand_pairs(config, expand_cells(config)):
+        if pair.axis == "precision":
+            key = tuple(pair.shared()[axis] for axis in ("model", "benchmark", *COMPARABLE_AXES)
+                        if axis not in ("precision", "intervention")) + (pair.a.precision, pair.b.precision)
+            groups.setdefault(key, {})[pair.a.intervention] = pair
+    per_token = cells.set_index("cell_id")["seconds_per_token"].to_dict() if "seconds_per_token" in cells else {}
     trig = cells.set_index("cell_id")["trigger_rate"].to_dict() if "trigger_rate" in cells else {}
     rows = []
-    for key, group in sorted(by_key.items()):
-        if "none" not in group or len(group) < 2:
+    for group in (groups[k] for k in sorted(groups)):
+        baseline = group.get("none")
+        if baseline is None or len(group) < 2 or baseline.id not in agreement:
             continue
-        base = _agreement(run_dir, group["none"])
-        if base is None:
-            continue
-        base_wall = wall.get(group["none"].a.id, np.nan) + wall.get(group["none"].b.id, np.nan)
+        base = agreement[baseline.id]
+        base_cost = per_token.get(baseline.a.id, np.nan) + per_token.get(baseline.b.id, np.nan)
         for name, pair in sorted(group.items()):
-            agree = base if name == "none" else _agreement(run_dir, pair)
-            row = dict(zip(("model", "benchmark", "a", "b", "cache", "batch_size", "decoding"), key))
-            row.update(intervention=name, status="missing" if agree is None else "done")
-            if agree is not None:
-                joined = base.merge(agree, left_index=True, right_index=True, suffixes=("_base", "_int"))
+            row = {**{k: v for k, v in pair.shared().items() if k != "intervention"}, "a": pair.a.precision,
+                   "b": pair.b.precision, "intervention": name, "pair_id": pair.id,
+                   "status": "done" if pair.id in agreement else "missing"}
+            if pair.id in agreement:
+                joined = base.join(agreement[pair.id], lsuffix="_base", rsuffix="_int", how="inner")
                 x, y = joined["agree_int"].to_numpy(float), joined["agree_base"].to_numpy(float)
-                lift = float(np.mean(x - y))
-                lo = hi = float("nan")
-                if len(x) > 1 and np.any(x != y):
-                    ci = bootstrap((x, y), lambda u, v, axis=-1: np.mean(u - v, axis=axis), paired=True,
-                                   confidence_level=0.9, n_resamples=2000, method="percentile",
-                                   random_state=np.random.default_rng(0), vectorized=True).confidence_interval
-                    lo, hi = float(ci.low), float(ci.high)
-                elif len(x):
-                    lo = hi = lift
-                pair_wall = wall.get(pair.a.id, np.nan) + wall.get(pair.b.id, np.nan)
-                row.update(n=len(joined), ear=float(np.mean(x)), lift=lift, lift_ci_low=lo, lift_ci_high=hi,
-                           mcnemar_p=mcnemar_exact(x.astype(bool), y.astype(bool)),
-                           trigger_rate=float(np.nanmean([trig.get(pair.a.id, np.nan), trig.get(pair.b.id, np.nan)])),
-                           overhead=float(pair_wall / base_wall - 1) if base_wall else float("nan"))
+                lo, hi = _paired_bootstrap(x, y)
+                cost = per_token.get(pair.a.id, np.nan) + per_token.get(pair.b.id, np.nan)
+                row.update(n=len(joined), ear=float(np.mean(x)), lift=float(np.mean(x - y)), lift_ci_low=lo,
+                           lift_ci_high=hi, mcnemar_p=mcnemar_exact(x.astype(bool), y.astype(bool)),
+                           trigger_rate=float(np.nanmean([trig.get(pair.a.id, np.nan),
+                                                          trig.get(pair.b.id, np.nan)])),
+                           overhead=float(cost / base_cost - 1) if base_cost else float("nan"))
             rows.append(row)
     return rows
 
 
-def _agreement(run_dir: Path, pair: Pair) -> pd.DataFrame | None:
-    path = run_dir / "pairs" / f"{pair.id}.parquet"
-    if not path.exists():
-        return None
-    table = pq.read_table(path, columns=["prompt_id", "identical"]).to_pandas()
-    return table.set_index("prompt_id").rename(columns={"identical": "agree"})
+def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
+    """The run's provenance, once per kind of thing: software, device and determinism per
+    machine, and each model's and benchmark's description (JSON), so that the report needs
+    nothing but the summaries."""
+    rows, seen = [], set()
+    for cell_id, meta in sorted(cell_metas.items()):
+        model, bench = cell_id.split("/")[:2]
+        env = meta["environment"]
+        for kind, name, value in (("software", env["device"]["name"], env["software"]),
+                                  ("device", env["device"]["name"], env["device"]),
+                                  ("determinism", env["device"]["name"], env["determinism"]),
+                                  ("model", model, meta["model"]), ("benchmark", bench, meta["benchmark"])):
+            if (kind, name) not in seen:
+                seen.add((kind, name))
+                rows.append({"kind": kind, "name": name, "json": json.dumps(value, sort_keys=True, default=str)})
+    return rows
 
 
-def write_summaries(cells: list[Cell], pairs: list[Pair], run_dir: str | Path, out_dir: str | Path,
-                    probes: list[tuple[str, str, str]] = ()) -> None:
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
-    prows, first_div = pair_rows(pairs, run_dir)
-    cells_df = pd.DataFrame(cell_rows(cells, run_dir))
-    frames = {"cells.parquet": cells_df,
-              "interventions.parquet": pd.DataFrame(intervention_rows(pairs, run_dir, cells_df)),
-              "pairs.parquet": pd.DataFrame(prows),
-              "first_divergence.parquet": pd.DataFrame(
-                  first_div, columns=["pair_id", "label", "axis", "context", "prompt_id",
-                                      "first_div_step", "margin_a_at_div", "margin_b_at_div"]),
-              **probe_frames(list(probes), run_dir)}
+def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:
+    """Every summary table of the run, and what was refused."""
+    checked = Checked()
+    cells, metas = cell_rows(config, layout, checked)
+    cells_df = pd.DataFrame(cells)
+    pairs, first_div, agreement = pair_rows(config, layout, metas, checked)
+    frames = {
+        "cells": cells_df,
+        "pairs": pd.DataFrame(pairs),
+        "first_divergence": pd.DataFrame(first_div, columns=[
+            "pair_id", "label", "axis", "context", "model", "benchmark", "prompt_id", "first_div_step",
+            "margin_a_at_div", "margin_b_at_div"]),
+        "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df)),
+        "environment": pd.DataFrame(environment_rows(metas), columns=["kind", "name", "json"]),
+        **probe_frames(config, layout, checked),
+    }
+    return frames, checked
+
+
+def write_summaries(config: dict[str, Any], layout: RunLayout, out_dir: str | Path | None = None,
+                    strict: bool = True) -> Checked:
+    """Write every summary table into `out_dir` (default: the run's summary folder). With
+    `strict`, any refused result is an error listing each file and why; otherwise (the
+    partial report after a failed run) refused results are listed as such."""
+    frames, checked = collect(config, layout)
+    if strict and checked.refused:
+        raise ResultError(f"{len(checked.refused)} result file(s) are not what the config asks for:\n  "
+                          + "\n  ".join(checked.refused.values()))
+    out_dir = Path(out_dir or layout.summary_dir)
     for name, df in frames.items():
-        storage.write_table(pa.Table.from_pandas(df, preserve_index=False), out_dir / name,
-                            {"kind": "summary", "table": name})
+        storage.write_table(pa.Table.from_pandas(df, preserve_index=False), out_dir / f"{name}.parquet",
+                            {"kind": "summary", "table": name, "run": config["run"]})
+    return checked

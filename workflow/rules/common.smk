@@ -1,43 +1,45 @@
-# Target lists and per-job lookups. Every per-cell setting reaches a job through a lookup
-# on its wildcards, so adding a model or a benchmark adds jobs without touching old ones.
+# Target lists and per-job lookups, all from tokenflip: the plan (cells, pairs, probe
+# jobs and their settings) and the layout (every path). Every per-job setting reaches a
+# job through a lookup on its own wildcards, so adding a model or a benchmark adds jobs
+# without touching old ones.
 import json
-import os
 
-from tokenflip.summary import SUMMARY_FILES
-from tokenflip.plan import (COMPARABLE_AXES, Cell, cell_settings, expand_cells, expand_pairs, pair_from_wildcards,
-                            PROBE_TABLES, probe_settings, probe_targets)
+from tokenflip.jobs import COMPARABLE_AXES, Cell, Pair
+from tokenflip.layout import RunLayout
+from tokenflip.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
+from tokenflip.probes import PROBES
+from tokenflip.summary import summary_tables
 
-RUN = config["run"]
+LAYOUT = RunLayout(config["run"])
 CELLS = expand_cells(config)
 PAIRS = expand_pairs(config, CELLS)
-CELL_FILES = [cell.path(RUN) for cell in CELLS]
-PAIR_FILES = [pair.path(RUN) for pair in PAIRS]
-PROBE_FILES = [f"results/{RUN}/probes/{model}/{bench}/{probe}/{table}.parquet"
-               for probe, model, bench in probe_targets(config) for table in PROBE_TABLES[probe]]
-SUMMARY_DIR = f"results/{RUN}/summary"
-SUMMARIES = [f"{SUMMARY_DIR}/{name}" for name in SUMMARY_FILES]
-REPORT = f"reports/{RUN}/index.html"
+CELL_FILES = [LAYOUT.cell(cell.id) for cell in CELLS]
+PAIR_FILES = [LAYOUT.pair(pair.id) for pair in PAIRS]
+PROBE_FILES = [LAYOUT.probe_table(probe, model, bench, table)
+               for probe, model, bench in probe_targets(config) for table in PROBES[probe].tables]
+SUMMARIES = [LAYOUT.summary(name) for name in summary_tables()]
+REPORT = LAYOUT.report
+PARTIAL_LOG = LAYOUT.log("report", "partial")
 # The validated config; summaries and the report rerun when it changes.
 CONFIG_JSON = json.dumps(config, sort_keys=True)
 
 
 wildcard_constraints:
-    model=r"[A-Za-z0-9_.][A-Za-z0-9_.-]*",
-    benchmark=r"[A-Za-z0-9_.][A-Za-z0-9_.-]*",
+    model=r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
+    benchmark=r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
     cell=r"(fp32|bf16|fp16)-(on|off)-bs\d+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+(-[a-z_]+=[A-Za-z0-9_.]+)*",
     axis="|".join(COMPARABLE_AXES),
     a=r"[A-Za-z0-9_.]+",
     b=r"[A-Za-z0-9_.]+",
     context=r"[A-Za-z0-9_.=-]+",
-    probe=r"kv_cache|precision",
 
 
 def cell_of(wildcards):
     return Cell.from_name(wildcards.model, wildcards.benchmark, wildcards.cell)
 
 
-def cell_settings_json(wildcards):
-    return json.dumps(cell_settings(config, cell_of(wildcards)), sort_keys=True)
+def cell_job_json(wildcards):
+    return cell_job(config, cell_of(wildcards)).dumps()
 
 
 def model_spec_json(wildcards):
@@ -45,35 +47,61 @@ def model_spec_json(wildcards):
 
 
 def pair_of(wildcards):
-    return pair_from_wildcards(wildcards.model, wildcards.benchmark, wildcards.axis,
-                               wildcards.a, wildcards.b, wildcards.context)
+    return Pair.from_parts(wildcards.model, wildcards.benchmark, wildcards.axis, wildcards.a, wildcards.b,
+                           wildcards.context)
 
 
 def pair_inputs(wildcards):
     pair = pair_of(wildcards)
-    return {"a": pair.a.path(RUN), "b": pair.b.path(RUN)}
+    return {"a": LAYOUT.cell(pair.a.id), "b": LAYOUT.cell(pair.b.id)}
 
 
 def pair_id(wildcards):
     return pair_of(wildcards).id
 
 
-def probe_settings_json(probe):
+def probe_job_json(probe):
     def lookup(wildcards):
-        return json.dumps(probe_settings(config, probe, wildcards.model, wildcards.benchmark), sort_keys=True)
+        return probe_job(config, probe, wildcards.model, wildcards.benchmark).dumps()
     return lookup
 
 
-def probe_outputs(probe):
-    return expand(f"results/{RUN}/probes/{{{{model}}}}/{{{{benchmark}}}}/{probe}/{{table}}.parquet",
-                  table=PROBE_TABLES[probe])
+def probe_out_dir(probe):
+    def lookup(wildcards):
+        return LAYOUT.probe_dir(probe, wildcards.model, wildcards.benchmark)
+    return lookup
+
+
+def job_device(wildcards):
+    """Where a generation or probe job runs: its cell's device axis, else the run's
+    `generation.device`; `auto` means CUDA when this machine has it."""
+    device = cell_of(wildcards).device if "cell" in wildcards.keys() else "default"
+    if device == "default":
+        device = config["generation"]["device"]
+    if device == "auto":
+        device = "cuda" if accelerator_present() else "cpu"
+    return device
+
+
+def accelerator_present():
+    """Whether this machine has an NVIDIA GPU (without importing torch)."""
+    return os.path.exists("/dev/nvidiactl") or bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip(" -1"))
 
 
 def generate_threads(wildcards):
-    """A cell on the threads axis gets exactly its threads; others the configured number
-    or every core Snakemake was given (CPU generation is compute-bound)."""
+    """A cell on the threads axis gets exactly its threads; otherwise the configured
+    number, or on a GPU every core Snakemake was given, and on a CPU one core per job, so
+    that CPU jobs run side by side and each one's CPU time is its own."""
     if "cell" in wildcards.keys():
         threads = cell_of(wildcards).threads
         if threads != "default":
             return int(threads)
-    return config["generation"]["threads"] or workflow.cores
+    if config["generation"]["threads"]:
+        return config["generation"]["threads"]
+    return workflow.cores if job_device(wildcards) == "cuda" else 1
+
+
+def gpu_tokens(wildcards):
+    """One `gpu` token per job on an accelerator (so that `--resources gpu=N` bounds them);
+    none on a CPU, where the token would only serialise jobs that can share the cores."""
+    return 1 if job_device(wildcards) == "cuda" else 0

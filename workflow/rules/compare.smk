@@ -5,11 +5,11 @@ rule compare:
     input:
         unpack(pair_inputs),
     output:
-        f"results/{RUN}/pairs/{{model}}/{{benchmark}}/{{axis}}/{{a}}_vs_{{b}}/{{context}}.parquet",
+        LAYOUT.pair_pattern,
     params:
         pair=pair_id,
     log:
-        f"logs/{RUN}/compare/{{model}}/{{benchmark}}/{{axis}}/{{a}}_vs_{{b}}/{{context}}.log",
+        LAYOUT.log("compare", "{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}"),
     conda:
         "../../envs/tokenflip.yaml"
     shell:

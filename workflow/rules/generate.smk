@@ -1,20 +1,20 @@
-# One GPU job per cell. `gpu=1` lets `--resources gpu=N` bound how many run at once.
+# One job per cell. A cell on a GPU holds one `gpu` token, so `--resources gpu=N` bounds
+# how many run at once; CPU cells hold none and run one thread each, side by side.
 
 
 rule generate:
     input:
-        model="resources/models/{model}",
+        model=LAYOUT.model_pattern,
     output:
-        f"results/{RUN}/cells/{{model}}/{{benchmark}}/{{cell}}.parquet",
+        LAYOUT.cell_pattern,
     params:
-        settings=cell_settings_json,
+        job=cell_job_json,
     log:
-        f"logs/{RUN}/generate/{{model}}/{{benchmark}}/{{cell}}.log",
+        LAYOUT.log("generate", "{model}/{benchmark}/{cell}"),
     threads: generate_threads
     resources:
-        gpu=1,
+        gpu=gpu_tokens,
     conda:
         "../../envs/tokenflip.yaml"
     shell:
-        "tokenflip generate --settings {params.settings:q} --model-dir {input.model:q} "
-        "--out {output:q} > {log:q} 2>&1"
+        "tokenflip generate --job {params.job:q} --model-dir {input.model:q} --out {output:q} > {log:q} 2>&1"

@@ -3,11 +3,11 @@
 
 rule prepare_model:
     output:
-        directory("resources/models/{model}"),
+        directory(LAYOUT.model_pattern),
     params:
         spec=model_spec_json,
     log:
-        "logs/prepare_model/{model}.log",
+        LAYOUT.log("prepare_model", "{model}"),
     conda:
         "../../envs/tokenflip.yaml"
     shell:

@@ -1,4 +1,4 @@
-# Summaries of all cells and pairs, then the self-contained HTML report.
+# The results checked against the config and summarised, then the self-contained report.
 
 
 rule summarize:
@@ -10,15 +10,12 @@ rule summarize:
         SUMMARIES,
     params:
         config=CONFIG_JSON,
-        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
-        results=lambda wildcards, output: os.path.dirname(os.path.dirname(output[0])),
     log:
-        f"logs/{RUN}/summarize.log",
+        LAYOUT.log("summarize", "summarize"),
     conda:
         "../../envs/tokenflip.yaml"
     shell:
-        "tokenflip summarize --config-json {params.config:q} --results {params.results:q} "
-        "--out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "tokenflip summarize --config-json {params.config:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -28,10 +25,9 @@ rule report:
         report(REPORT, caption="../report/index.rst", category="tokenflip report"),
     params:
         config=CONFIG_JSON,
-        summary_dir=lambda wildcards, input: os.path.dirname(input[0]),
     log:
-        f"logs/{RUN}/report.log",
+        LAYOUT.log("report", "report"),
     conda:
         "../../envs/tokenflip.yaml"
     shell:
-        "tokenflip report --config-json {params.config:q} --summary-dir {params.summary_dir:q} --out {output:q} > {log:q} 2>&1"
+        "tokenflip report --config-json {params.config:q} > {log:q} 2>&1"

@@ -155,6 +155,7 @@ class ArithmeticBenchmark(MathBenchmark):
     """Generated arithmetic word problems with exact positive integer answers below 1000."""
 
     kind = "arithmetic"
+    spec_schema = {"seed": {"type": "integer", "minimum": 0, "default": 0}}
 
     def __init__(self, name: str = "arithmetic", n: int = 16, seed: int = 0) -> None:
         if n is None:
@@ -166,7 +167,7 @@ class ArithmeticBenchmark(MathBenchmark):
 
     def items(self) -> list[Item]:
         """Items 0..n-1 for this seed."""
-        return [make_item(self.seed, i) for i in range(self.n)]
+        return self.checked([make_item(self.seed, i) for i in range(self.n)], f"benchmark {self.name!r}")
 
     def describe(self) -> dict:
         """Provenance: generator version, seed and template names."""

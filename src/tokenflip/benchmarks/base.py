@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from .answers import answers_match, extract_answer
 
@@ -32,12 +33,50 @@ class Item:
     solution: str | None = None
 
 
-class Benchmark(ABC):
-    """A fixed, ordered list of items, how to prompt with them, and how to score answers."""
+# Keys every benchmark entry of a config takes, whatever its kind.
+COMMON_SPEC_SCHEMA: dict[str, Any] = {
+    "kind": {"type": "string"},
+    "n": {"type": "integer", "minimum": 1, "description": "the first n items (default: all)"},
+    "max_new_tokens": {"type": "integer", "minimum": 1},
+}
+# A `source:` mapping: exactly one of a path, hub coordinates or a package file (checked by
+# `sources.parse_source` when the benchmark is built).
+SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "minProperties": 1,
+    "properties": {key: {"type": "string", "minLength": 1}
+                   for key in ("path", "hub", "config", "split", "revision", "package", "file")},
+}
 
-    kind: str = ""
+
+class Benchmark(ABC):
+    """A fixed, ordered list of items, how to prompt with them, and how to score answers.
+
+    A kind is registered in `benchmarks.BENCHMARKS` by its class; `spec_schema` is the
+    JSON schema of the keys a config entry of this kind takes besides COMMON_SPEC_SCHEMA
+    (defaults included: the config fills them in), and `from_spec` builds one."""
+
+    kind: ClassVar[str] = ""
     prompt_format: str = ""
     scorer: str = ""
+    spec_schema: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def from_spec(cls, name: str, spec: dict[str, Any]) -> "Benchmark":
+        """Build from a config entry: its keys besides kind and max_new_tokens are the
+        constructor's keyword arguments; a `source` mapping is parsed against the kind's
+        default source."""
+        from .sources import parse_source
+
+        options = {k: v for k, v in spec.items() if k not in ("kind", "max_new_tokens")}
+        if "source" in cls.spec_schema:
+            options["source"] = parse_source(f"benchmark {name!r} ({cls.kind})", options.get("source"),
+                                             cls.default_source(options))
+        return cls(name, **options)
+
+    @classmethod
+    def default_source(cls, options: dict[str, Any]):
+        """Where the data comes from when the config names no source."""
+        raise NotImplementedError
 
     def __init__(self, name: str, n: int | None) -> None:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -48,6 +87,18 @@ class Benchmark(ABC):
     @abstractmethod
     def items(self) -> list[Item]:
         """The first `n` items, always in the same order."""
+
+    def checked(self, items: list[Item], where: str) -> list[Item]:
+        """`items` if they can make a cell: at least one, and every id unique (a prompt id
+        keys every comparison; two items sharing one would be compared with each other)."""
+        if not items:
+            raise BenchmarkError(f"{where}: no items (empty data or n too small)")
+        seen: dict[str, int] = {}
+        for index, item in enumerate(items):
+            if item.id in seen:
+                raise BenchmarkError(f"{where}: records {seen[item.id]} and {index} have the same id {item.id!r}")
+            seen[item.id] = index
+        return items
 
     @abstractmethod
     def messages(self, item: Item) -> list[dict]:

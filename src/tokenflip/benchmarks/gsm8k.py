@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from .answers import normalize_answer
-from .base import MATH_SYSTEM_PROMPT, BenchmarkError, Item, MathBenchmark
-from .sources import Source, check_local, load_records
+from .base import MATH_SYSTEM_PROMPT, SOURCE_SCHEMA, BenchmarkError, Item, MathBenchmark
+from .sources import Source, check_local, load_records, parse_source
 
 __all__ = [
     "GSM8KBenchmark",
@@ -47,6 +47,34 @@ class GSM8KBenchmark(MathBenchmark):
     """GSM8K problems in dataset order, prompted 0-shot in chat (default) or `shots`-shot."""
 
     kind = "gsm8k"
+    spec_schema = {"source": SOURCE_SCHEMA, "prompt": {"enum": list(PROMPTS), "default": "chat"},
+                   "shots": {"type": "integer", "minimum": 1}, "seed": {"type": "integer", "minimum": 0},
+                   "exemplars": SOURCE_SCHEMA}
+
+    @classmethod
+    def from_spec(cls, name: str, spec: dict) -> "GSM8KBenchmark":
+        """A config entry: `source` (default the hub's openai/gsm8k test split), `prompt`
+        chat|fewshot, and for fewshot `shots`, `seed` and an `exemplars` source (default
+        the train split)."""
+        where = f"benchmark {name!r} (gsm8k)"
+        source = parse_source(where, spec.get("source"), Source(hub=DEFAULT_HUB_ID, config=DEFAULT_CONFIG,
+                                                               split=DEFAULT_SPLIT))
+        prompt = spec.get("prompt", "chat")
+        if prompt != "fewshot" and ({"shots", "exemplars"} & set(spec)):
+            raise BenchmarkError(f"{where}: 'shots' and 'exemplars' apply only with prompt: fewshot")
+        exemplars = None
+        if "exemplars" in spec:
+            exemplars = parse_source(f"{where} exemplars", spec["exemplars"],
+                                     Source(hub=DEFAULT_HUB_ID, config=DEFAULT_CONFIG, split=DEFAULT_EXEMPLAR_SPLIT))
+        if source.path is not None:
+            location = {"path": source.path}
+        elif source.package is not None:
+            raise BenchmarkError(f"{where}: a package source is not supported for gsm8k; use a path or the hub")
+        else:
+            location = {"hub": source.hub, "config": source.config, "split": source.split,
+                        "revision": source.revision}
+        options = {key: spec[key] for key in ("prompt", "shots", "seed") if key in spec}
+        return cls(name, n=spec.get("n"), **location, exemplars=exemplars, **options)
 
     def __init__(
         self,
@@ -106,7 +134,8 @@ class GSM8KBenchmark(MathBenchmark):
             records = load_records(self._label(), self.source)
             if self.n is not None:
                 records = records[: self.n]
-            self._items = [self._item(index, record) for index, record in enumerate(records)]
+            self._items = self.checked([self._item(index, record) for index, record in enumerate(records)],
+                                       f"{self._label()} from {self.source_label()}")
         return list(self._items)
 
     def _item(self, index: int, record: dict) -> Item:

@@ -47,7 +47,8 @@ class HumanEvalBenchmark(CodeBenchmark):
     scorer = ("execution pass@1: prompt + extracted code (full function or body) in a sandboxed candidate "
               "process; the dataset's prompt helpers, test and check(entry_point) in a trusted test process "
               "that calls the candidate's entry_point with plain data only")
-    spec_schema = {"source": SOURCE_SCHEMA, "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}}
+    spec_schema = {"source": SOURCE_SCHEMA, "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600},
+                   "unsafe_execution": {"type": "boolean", "default": False}}
 
     @classmethod
     def default_source(cls, options: dict) -> Source:

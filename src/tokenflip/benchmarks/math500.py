@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Benchmark, BenchmarkError, Item
+from .base import SOURCE_SCHEMA, Benchmark, BenchmarkError, Item
 from .math_equiv import RULES, Verdict, last_boxed, math_equal
 from .sources import Source, check_local, load_records
 
@@ -22,6 +22,11 @@ class Math500Benchmark(Benchmark):
     scorer = ("last \\boxed{...} with balanced braces, then the first rule that holds: exact, normalized "
               "(spaces, \\left/\\right, \\dfrac, units, degrees, $, %, trailing '.'), numeric (1e-6), "
               "elementwise (tuples/intervals/lists), sympy (difference simplifies to 0)")
+    spec_schema = {"source": SOURCE_SCHEMA}
+
+    @classmethod
+    def default_source(cls, options: dict) -> Source:
+        return DEFAULT_SOURCE
 
     def __init__(self, name: str = "math500", n: int | None = None, *, source: Source = DEFAULT_SOURCE) -> None:
         super().__init__(name, n)
@@ -50,7 +55,7 @@ class Math500Benchmark(Benchmark):
                 item_id = f"math500-{slug}" if slug and slug not in seen else f"math500-{index:04d}"
                 seen.add(slug)
                 items.append(Item(id=item_id, question=problem, gold=str(answer), solution=record.get("solution")))
-            self._items = items
+            self._items = self.checked(items, f"{self._label()} from {self.source.label()}")
         return list(self._items)
 
     def messages(self, item: Item) -> list[dict]:

@@ -43,7 +43,8 @@ class MBPPBenchmark(CodeBenchmark):
               "need from the solution with plain data only")
     spec_schema = {"source": SOURCE_SCHEMA, "split": {"enum": list(SPLITS), "default": "sanitized"},
                    "shots": {"type": "integer", "minimum": 0, "maximum": len(SHOT_TASK_IDS)},
-                   "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}}
+                   "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600},
+                   "unsafe_execution": {"type": "boolean", "default": False}}
 
     @classmethod
     def default_source(cls, options: dict) -> Source:

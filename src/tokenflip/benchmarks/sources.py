@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,8 +135,10 @@ def _read_file(where: str, path: Path, label: str) -> list[dict]:
 
             return pq.read_table(io.BytesIO(path.read_bytes())).to_pylist()
         text = _read_text(path)
-    except (OSError, ValueError, ImportError) as e:
-        raise BenchmarkError(f"{where}: cannot read {label}: {type(e).__name__}: {e}") from e
+    except (OSError, ValueError, ImportError, EOFError, zlib.error) as e:
+        # EOFError / zlib.error: a truncated or corrupt .gz; ValueError covers bad UTF-8
+        # and Parquet that pyarrow cannot read.
+        raise BenchmarkError(f"{where}: cannot read {label} (corrupt or truncated?): {type(e).__name__}: {e}") from e
     if name.endswith(".json"):
         try:
             data = json.loads(text)
@@ -145,7 +148,7 @@ def _read_file(where: str, path: Path, label: str) -> list[dict]:
             data = next((v for k, v in data.items() if k in ("data", "rows", "records")), None)
         if not isinstance(data, list):
             raise BenchmarkError(f"{where}: {label} holds no list of records")
-        return data
+        return _mappings(where, label, data)
     records = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if line.strip():
@@ -153,6 +156,14 @@ def _read_file(where: str, path: Path, label: str) -> list[dict]:
                 records.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise BenchmarkError(f"{where}: bad JSON in {label}:{lineno}: {e}") from e
+    return _mappings(where, label, records)
+
+
+def _mappings(where: str, label: str, records: list) -> list[dict]:
+    """The records, if each one is a JSON object (a bare string or number is no record)."""
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise BenchmarkError(f"{where}: record {index} of {label} is not an object: {str(record)[:80]!r}")
     return records
 
 

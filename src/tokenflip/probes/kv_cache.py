@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+import pandas as pd
 
-from .. import provenance
-from ..cell import prompt_token_ids
-from ..models import load_prepared
-from . import setup, special_ids, write_tables
-from .replay import all_layers, kl_divergence, prefill_cache, replay, step_differences
+from ..jobs import ProbeJob
+from ..runtime import prompt_token_ids, special_ids
+from .base import Probe, probe_metadata, setup, write_tables
+
+# torch (through .replay and ..models) is imported inside the functions that compute: the
+# probe registry, which the config schema and the Snakefile read, imports this module.
 
 TABLES = ("steps", "layers", "patching")
 
@@ -43,6 +44,8 @@ def patch_steps(kl: np.ndarray, flips: np.ndarray, count: int) -> list[int]:
 
 def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
                  n_patch: int) -> dict[str, list[dict[str, Any]]]:
+    from .replay import all_layers, kl_divergence, prefill_cache, replay, step_differences
+
     kwargs = dict(eos_token_ids=eos, pad_token_id=pad)
     on = replay(model, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kwargs)
     off = replay(model, prompt, use_cache=False, max_new_tokens=max_new_tokens, tokens=on.tokens, **kwargs)
@@ -70,23 +73,42 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
     return {"steps": steps, "layers": layers, "patching": patching}
 
 
-def run_probe(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Run the KV-cache probe for one model × benchmark over the configured precisions."""
-    bench, items = setup(settings)
+    from ..models import load_prepared
+
+    bench, items = setup(job)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
-    env = manifest = None
-    for precision in settings["precisions"]:
-        model, tokenizer, manifest = load_prepared(model_dir, precision, settings["device"])
-        env = env or provenance.environment(model.device)
+    meta = None
+    for precision in job.options["precisions"]:
+        model, tokenizer, manifest = load_prepared(model_dir, precision, job.device)
+        meta = meta or probe_metadata(job, manifest, bench, model.device)
         eos, pad = special_ids(model, tokenizer)
         for item in items:
             prompt = prompt_token_ids(tokenizer, bench.messages(item))
-            result = probe_prompt(model, prompt, int(settings["max_new_tokens"]), eos, pad,
-                                  int(settings["patch_steps"]))
+            result = probe_prompt(model, prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]))
             for name in TABLES:
                 rows[name].extend({"precision": precision, "prompt_id": item.id, **r} for r in result[name])
         del model
-    meta = {"kind": "probe", "probe": "kv_cache", "settings": settings, "model": manifest,
-            "benchmark": bench.describe(), "environment": env}
     write_tables(out_dir, rows, meta)
     return meta
+
+
+def _mean_over_prompts(layers: pd.DataFrame) -> pd.DataFrame:
+    return layers.groupby(["model", "benchmark", "precision", "layer", "step"],
+                          as_index=False)[["l2", "rel_l2"]].mean()
+
+
+PROBE = Probe(
+    name="kv_cache",
+    summary="cache-on trajectory replayed without a cache: per-step KL, would-be flips, layer drift, patching",
+    tables=TABLES,
+    run=run_probe,
+    summary_prefix="kv",
+    options={
+        "precisions": {"type": "array", "minItems": 1, "uniqueItems": True,
+                       "items": {"enum": ["fp32", "bf16", "fp16"]}, "default": ["fp32", "fp16"]},
+        "patch_steps": {"type": "integer", "minimum": 0, "default": 3},
+    },
+    aggregate={"layers": _mean_over_prompts},
+)

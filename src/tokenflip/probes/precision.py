@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+import pandas as pd
 
-from .. import provenance
-from ..cell import prompt_token_ids
-from ..models import load_prepared
-from . import setup, special_ids, write_tables
-from .replay import decoder_layers, prefill_cache, replay, step_differences
+from ..jobs import ProbeJob
+from ..runtime import prompt_token_ids, special_ids
+from .base import Probe, probe_metadata, setup, write_tables
+
+# torch (through .replay and ..models) is imported inside the functions that compute: the
+# probe registry, which the config schema and the Snakefile read, imports this module.
 
 TABLES = ("steps", "layers", "grafting", "lens")
 
@@ -36,20 +37,24 @@ def _cast_cache(cache, dtype: torch.dtype):
     return cache
 
 
-@torch.inference_mode()
 def _lens_top2(model, layer_outputs: torch.Tensor) -> torch.Tensor:
     """Top-2 token ids of each layer's output read through the final norm and LM head;
     column 0 is the argmax (as decoding breaks ties), column 1 the best other token."""
-    norm = model.get_decoder().norm
-    head = model.get_output_embeddings()
-    logits = head(norm(layer_outputs.to(model.device, model.dtype))).float()
-    first = logits.argmax(-1)
-    second = logits.scatter(-1, first[:, None], float("-inf")).argmax(-1)
-    return torch.stack([first, second], dim=-1).cpu()
+    import torch
+
+    with torch.inference_mode():
+        norm = model.get_decoder().norm
+        head = model.get_output_embeddings()
+        logits = head(norm(layer_outputs.to(model.device, model.dtype))).float()
+        first = logits.argmax(-1)
+        second = logits.scatter(-1, first[:, None], float("-inf")).argmax(-1)
+        return torch.stack([first, second], dim=-1).cpu()
 
 
 def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
                  n_flips: int) -> dict[str, list[dict[str, Any]]]:
+    from .replay import decoder_layers, prefill_cache, replay, step_differences
+
     kw = dict(eos_token_ids=eos, pad_token_id=pad)
     a = replay(model_a, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kw)
     b = replay(model_b, prompt, use_cache=True, max_new_tokens=max_new_tokens, tokens=a.tokens, **kw)
@@ -85,24 +90,46 @@ def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: 
     return {"steps": steps, "layers": layers, "grafting": grafting, "lens": lens}
 
 
-def run_probe(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Run the precision probe for one model × benchmark and each configured precision pair."""
-    bench, items = setup(settings)
+    from ..models import load_prepared
+
+    bench, items = setup(job)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
-    env = manifest = None
-    for prec_a, prec_b in settings["pairs"]:
-        model_a, tokenizer, manifest = load_prepared(model_dir, prec_a, settings["device"])
-        model_b, _, _ = load_prepared(model_dir, prec_b, settings["device"])
-        env = env or provenance.environment(model_a.device)
+    meta = None
+    for prec_a, prec_b in job.options["pairs"]:
+        model_a, tokenizer, manifest = load_prepared(model_dir, prec_a, job.device)
+        model_b, _, _ = load_prepared(model_dir, prec_b, job.device)
+        meta = meta or probe_metadata(job, manifest, bench, model_a.device)
         eos, pad = special_ids(model_a, tokenizer)
         for item in items:
             prompt = prompt_token_ids(tokenizer, bench.messages(item))
-            result = probe_prompt(model_a, model_b, prompt, int(settings["max_new_tokens"]), eos, pad,
-                                  int(settings["flips"]))
+            result = probe_prompt(model_a, model_b, prompt, job.max_new_tokens, eos, pad, int(job.options["flips"]))
             for name in TABLES:
                 rows[name].extend({"a": prec_a, "b": prec_b, "prompt_id": item.id, **r} for r in result[name])
         del model_a, model_b
-    meta = {"kind": "probe", "probe": "precision", "settings": settings, "model": manifest,
-            "benchmark": bench.describe(), "environment": env}
     write_tables(out_dir, rows, meta)
     return meta
+
+
+def _mean_over_prompts(layers: pd.DataFrame) -> pd.DataFrame:
+    return layers.groupby(["model", "benchmark", "a", "b", "layer", "step"], as_index=False)["l2"].mean()
+
+
+_PRECISION = {"enum": ["fp32", "bf16", "fp16"]}
+
+PROBE = Probe(
+    name="precision",
+    summary="precision a's greedy trajectory replayed in b: flips, layer and KV-cache grafting, logit lens",
+    tables=TABLES,
+    run=run_probe,
+    summary_prefix="precision",
+    options={
+        "pairs": {"description": "precision pairs [a, b]; a's greedy trajectory is replayed through b",
+                  "type": "array", "minItems": 1,
+                  "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": _PRECISION},
+                  "default": [["bf16", "fp16"]]},
+        "flips": {"type": "integer", "minimum": 0, "default": 3},
+    },
+    aggregate={"layers": _mean_over_prompts},
+)

@@ -1,0 +1,113 @@
+"""The run layout: every path under results/, reports/, resources/ and logs/ is spelled here
+and nowhere else. Rules, the summary, the report and `diff-runs` ask this module.
+
+```
+resources/models/{model}/                                       prepared model
+results/{run}/cells/{model}/{benchmark}/{cell}.parquet          one cell
+results/{run}/pairs/{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}.parquet
+results/{run}/probes/{model}/{benchmark}/{probe}/{table}.parquet
+results/{run}/summary/{table}.parquet
+reports/{run}/index.html, reports/{run}/tables/*.csv
+logs/{run}/{rule}/...log
+```
+
+Paths are relative to the working directory (Snakemake's `--directory`) unless a `root`
+is given. The same strings, with `{wildcards}`, are the rules' output patterns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MODELS_DIR = "resources/models"
+SUMMARY_TABLES = ("cells", "pairs", "first_divergence", "interventions", "environment")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where one run's files live. `root` is the working directory ('' = relative paths)."""
+
+    run: str
+    root: str = ""
+
+    def _path(self, *parts: str) -> str:
+        rel = "/".join(parts)
+        return str(Path(self.root) / rel) if self.root else rel
+
+    # --- results/{run} ----------------------------------------------------------------
+    @property
+    def results(self) -> str:
+        return self._path("results", self.run)
+
+    @property
+    def cells_dir(self) -> str:
+        return self._path("results", self.run, "cells")
+
+    def cell(self, cell_id: str) -> str:
+        """The cell file of `cell_id` (model/benchmark/name)."""
+        return self._path("results", self.run, "cells", f"{cell_id}.parquet")
+
+    def pair(self, pair_id: str) -> str:
+        """The pair file of `pair_id` (model/benchmark/axis/a_vs_b/context)."""
+        return self._path("results", self.run, "pairs", f"{pair_id}.parquet")
+
+    def probe_dir(self, probe: str, model: str, benchmark: str) -> str:
+        return self._path("results", self.run, "probes", model, benchmark, probe)
+
+    def probe_table(self, probe: str, model: str, benchmark: str, table: str) -> str:
+        return f"{self.probe_dir(probe, model, benchmark)}/{table}.parquet"
+
+    @property
+    def summary_dir(self) -> str:
+        return self._path("results", self.run, "summary")
+
+    def summary(self, table: str) -> str:
+        return f"{self.summary_dir}/{table}.parquet"
+
+    # --- reports/{run} ----------------------------------------------------------------
+    @property
+    def report(self) -> str:
+        return self._path("reports", self.run, "index.html")
+
+    @property
+    def report_tables(self) -> str:
+        return self._path("reports", self.run, "tables")
+
+    # --- logs/{run} ---------------------------------------------------------------------
+    def log(self, rule: str, name: str) -> str:
+        return self._path("logs", self.run, rule, f"{name}.log")
+
+    # --- resources ----------------------------------------------------------------------
+    def model_dir(self, model: str) -> str:
+        return self._path(MODELS_DIR, model)
+
+    # --- Snakemake patterns (wildcards in braces) --------------------------------------
+    @property
+    def cell_pattern(self) -> str:
+        return self.cell("{model}/{benchmark}/{cell}")
+
+    @property
+    def pair_pattern(self) -> str:
+        return self.pair("{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}")
+
+    def probe_pattern(self, probe: str, table: str) -> str:
+        return self.probe_table(probe, "{model}", "{benchmark}", table)
+
+    @property
+    def model_pattern(self) -> str:
+        return self.model_dir("{model}")
+
+
+def cell_ids_under(cells_dir: str | Path) -> dict[str, Path]:
+    """Every cell file below a run's cells/ folder, by cell id (for runs from elsewhere)."""
+    root = Path(cells_dir)
+    return {str(p.relative_to(root))[: -len(".parquet")]: p for p in sorted(root.rglob("*.parquet"))}
+
+
+def run_of_results(results_dir: str | Path) -> RunLayout:
+    """The layout of a `results/<run>` directory given by its path (for `diff-runs`)."""
+    path = Path(results_dir).resolve()
+    if path.parent.name != "results":
+        raise ValueError(f"{results_dir}: not a results/<run> directory")
+    return RunLayout(path.name, root=str(path.parent.parent))

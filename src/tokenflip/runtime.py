@@ -1,0 +1,139 @@
+"""What a cell and a probe share at run time, so that a probe replays exactly what a cell
+generated: prompt token ids, EOS and pad ids, seeding, threads and determinism."""
+
+from __future__ import annotations
+
+import os
+import random
+
+# torch is imported where it is used: the Snakefile reads the probe registry, which
+# imports this module, and must not pay for torch.
+
+
+def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Chat-template the messages into token ids, exactly once, with the generation prompt."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends generation: the generation config's and the tokenizer's EOS."""
+    ids = set()
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return sorted(ids)
+
+
+def pad_id(tokenizer) -> int:
+    """The id finished and left-padded rows receive: the pad token, else EOS (as generate())."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def special_ids(model, tokenizer) -> tuple[list[int], int]:
+    return eos_ids(model, tokenizer), pad_id(tokenizer)
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def set_threads(threads: int | None) -> None:
+    """torch's CPU threads for this job (None: leave torch's choice)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def set_deterministic(mode: str) -> None:
+    """The deterministic axis: torch's deterministic algorithms on or off (cuBLAS needs a
+    fixed workspace for them); `default` leaves torch as it is."""
+    if mode == "default":
+        return
+    import torch
+
+    if mode == "on":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(mode == "on")
+
+
+def prepare_process(seed: int, threads: int | None, deterministic: str = "default") -> None:
+    """Everything a job sets before it loads a model."""
+    set_threads(threads)
+    set_deterministic(deterministic)
+    seed_everything(seed)
+
+
+# --- Jobs do not outlive their scheduler --------------------------------------------------
+# The Snakefile records the scheduler process (host, pid, start time) in this variable,
+# which every job inherits. A job on the same host that finds the scheduler gone (kill -9,
+# a closed terminal) stops at once instead of writing a result later, possibly after the
+# config changed. Jobs on other hosts (SLURM) are not watched: there the cluster owns them.
+SCHEDULER_VARIABLE = "TOKENFLIP_SCHEDULER"
+ORPHANED_EXIT = 75
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def scheduler_token(pid: int | None = None) -> str:
+    """`host:pid:start-time` of a process (default: this one)."""
+    import socket
+
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+
+
+def scheduler_gone() -> str | None:
+    """Why this job's scheduler is gone (None if it is alive or not watched here)."""
+    import socket
+
+    token = os.environ.get(SCHEDULER_VARIABLE)
+    if not token or token.count(":") < 2:
+        return None
+    host, pid, start = token.rsplit(":", 2)
+    if host != socket.gethostname() or start == "None" or not pid.isdigit():
+        return None
+    if _start_time(int(pid)) != start:
+        return f"its scheduler (pid {pid} on {host}) is gone"
+    return None
+
+
+def exit_if_orphaned(cleanup=None) -> None:
+    """Stop this process (exit 75) if its scheduler is gone, after `cleanup()`."""
+    reason = scheduler_gone()
+    if reason:
+        import sys
+
+        if cleanup is not None:
+            cleanup()
+        print(f"tokenflip: stopping: {reason}; nothing was written", file=sys.stderr, flush=True)
+        os._exit(ORPHANED_EXIT)
+
+
+def watch_scheduler(interval: float = 0.5) -> None:
+    """Check in the background, every `interval` seconds, that the scheduler is alive."""
+    if scheduler_gone() is None and os.environ.get(SCHEDULER_VARIABLE):
+        import threading
+        import time
+
+        def watch():
+            while True:
+                exit_if_orphaned()
+                time.sleep(interval)
+
+        threading.Thread(target=watch, name="tokenflip-scheduler-watch", daemon=True).start()
