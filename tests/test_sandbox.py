@@ -321,6 +321,8 @@ def test_other_processes_are_invisible():
             import os
             def probe():
                 lines = []
+                if not os.path.isdir('/proc'):
+                    return 'no /proc'
                 for pid in os.listdir('/proc'):
                     if pid.isdigit():
                         try:
@@ -329,11 +331,45 @@ def test_other_processes_are_invisible():
                             pass
                 return lines
         """
-        assert_probe(code, f"assert not any({marker!r} in line for line in seen), seen\n"
-                           "assert len(seen) <= 3, seen")
+        assert_probe(code, f"assert seen == 'no /proc' or not any({marker!r} in line for line in seen), seen\n"
+                           "assert len(seen) <= 3 or seen == 'no /proc', seen")
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_kernel_settings_and_interfaces_are_out_of_reach():
+    """No /proc or /sys to write host settings through, no mount of a fresh one, and no
+    keyrings or ptrace (opened for writing only: nothing is written)."""
+    code = """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def errno_of(result):
+            return 'succeeded' if result >= 0 else os.strerror(ctypes.get_errno())
+        def probe():
+            seen = {}
+            for path in ('/proc/sys/vm/swappiness', '/sys/kernel/mm/transparent_hugepage/enabled',
+                         '/proc/sysrq-trigger'):
+                try:
+                    os.close(os.open(path, os.O_WRONLY))
+                    seen[path] = 'opened'
+                except OSError as e:
+                    seen[path] = type(e).__name__
+            os.mkdir('p')
+            seen['mount proc'] = errno_of(libc.mount(b'proc', b'p', b'proc', 0, None))
+            seen['mount sysfs'] = errno_of(libc.mount(b'sysfs', b'p', b'sysfs', 0, None))
+            seen['keyctl'] = errno_of(libc.syscall(250, 0, -3, 0, 0, 0))  # KEYCTL_GET_KEYRING_ID, session
+            seen['ptrace'] = errno_of(libc.syscall(101, 0, 0, 0, 0))  # PTRACE_TRACEME
+            seen['unshare user'] = errno_of(libc.unshare(0x10000000))
+            return seen
+    """
+    check = """
+        assert all(v == 'FileNotFoundError' for k, v in seen.items() if k.startswith('/')), seen
+        assert all(v != 'succeeded' for k, v in seen.items() if not k.startswith('/')), seen
+    """
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers in this probe are x86_64's")
+    assert_probe(code, check)
 
 
 # --- writes, sockets and IPC -------------------------------------------------------------------

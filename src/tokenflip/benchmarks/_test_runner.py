@@ -196,7 +196,11 @@ def main():
         traceback.print_exc()
         status = "timeout" if channel.broken == "timeout" else "failed"
         verdict = {"passed": False, "status": status, "error": f"{type(e).__name__}: {e}"[:2000]}
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     os.write(verdict_fd, json.dumps(verdict).encode() + b"\n")
     os._exit(0)
 

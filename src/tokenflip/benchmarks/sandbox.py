@@ -1,8 +1,14 @@
 """The operating-system boundary around executed code: a bubblewrap (`bwrap`) sandbox per process
 that sees only the interpreter and its standard library, read-only; a private size-limited
-tmpfs as its working directory; no network, IPC or other processes (fresh namespaces, a fresh
-/proc); no capabilities and an unprivileged uid inside; a seccomp filter that forbids creating
-processes, so one process's resource limits are the whole sample's; and death with its parent."""
+tmpfs as its working directory; no network, IPC or other processes (fresh namespaces, and no
+/proc at all); no capabilities and an unprivileged uid inside; a seccomp filter that forbids
+creating processes (so one process's resource limits are the whole sample's) and the kernel
+interfaces a sample has no use for (keyrings, ptrace, bpf, perf events, userfaultfd); and death
+with its parent.
+
+Run as root, bwrap maps the sandbox's uid to root's outside its user namespace; without
+capabilities that uid can only use what the sandbox shows it, which is why no /proc (whose
+root-owned files, such as /proc/sys, would accept its writes) is mounted."""
 
 from __future__ import annotations
 
@@ -99,9 +105,10 @@ _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _KILL_PROCESS = 0x7FFF0000, 0x80000000
 _ERRNO = 0x00050000
 _CLONE_THREAD = 0x00010000
-_ARCHES = {  # machine: (AUDIT_ARCH, clone, clone3, other process-creating syscalls, x32 bit)
-    "x86_64": (0xC000003E, 56, 435, (57, 58), 0x40000000),  # fork, vfork
-    "aarch64": (0xC00000B7, 220, 435, (), None),
+_ARCHES = {  # machine: (AUDIT_ARCH, clone, clone3, other process-creating syscalls, denied, x32 bit)
+    # denied: add_key, request_key, keyctl, ptrace, bpf, perf_event_open, userfaultfd
+    "x86_64": (0xC000003E, 56, 435, (57, 58), (248, 249, 250, 101, 321, 298, 323), 0x40000000),
+    "aarch64": (0xC00000B7, 220, 435, (), (217, 218, 219, 117, 280, 241, 282), None),
 }
 
 
@@ -112,18 +119,21 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 def seccomp_no_processes() -> bytes | None:
     """A seccomp program that lets threads be created but no processes (fork, vfork, clone
     without CLONE_THREAD fail with EAGAIN; clone3, whose flags a filter cannot read, fails with
-    ENOSYS so that the C library falls back to clone), or None on an unknown architecture."""
+    ENOSYS so that the C library falls back to clone), and that denies the syscalls listed in
+    `_ARCHES` with EPERM; None on an unknown architecture."""
     arch = _ARCHES.get(platform.machine())
     if arch is None:
         return None
-    audit_arch, clone, clone3, forks, x32 = arch
-    eagain, enosys = _ERRNO | 11, _ERRNO | 38
+    audit_arch, clone, clone3, forks, denied, x32 = arch
+    eagain, enosys, eperm = _ERRNO | 11, _ERRNO | 38, _ERRNO | 1
     body = [_insn(_LD_W_ABS, 4), _insn(_JEQ, audit_arch, 1, 0), _insn(_RET, _KILL_PROCESS), _insn(_LD_W_ABS, 0)]
     if x32 is not None:
         body += [_insn(_JGE, x32, 0, 1), _insn(_RET, _ERRNO | 1)]
     body += [_insn(_JEQ, clone3, 0, 1), _insn(_RET, enosys)]
     for nr in forks:
         body += [_insn(_JEQ, nr, 0, 1), _insn(_RET, eagain)]
+    for nr in denied:
+        body += [_insn(_JEQ, nr, 0, 1), _insn(_RET, eperm)]
     body += [_insn(_JEQ, clone, 1, 0), _insn(_RET, _ALLOW),
              _insn(_LD_W_ABS, 16), _insn(_JSET, _CLONE_THREAD, 0, 1), _insn(_RET, _ALLOW), _insn(_RET, eagain)]
     return b"".join(body)
@@ -150,7 +160,7 @@ def bwrap_command(bwrap: str, view: PythonView, *, workdir_bytes: int, seccomp_f
     for device in _DEVICES:
         if os.path.exists(device):
             cmd += ["--dev-bind", device, device]
-    cmd += ["--proc", "/proc", "--perms", "0700", "--size", str(workdir_bytes), "--tmpfs", WORKDIR,
+    cmd += ["--perms", "0700", "--size", str(workdir_bytes), "--tmpfs", WORKDIR,
             "--chdir", WORKDIR, "--remount-ro", "/"]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
