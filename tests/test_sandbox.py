@@ -30,10 +30,8 @@ HUMANEVAL = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
 MBPP_SANITIZED = SHARED_DATA / "mbpp" / "sanitized-mbpp.json"
 LAYERS = available_layers()
 
-pytestmark = [
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux"),
-    pytest.mark.skipif(bool(LAYERS.missing), reason=f"no complete sandbox here: {LAYERS.problem}"),
-]
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox needs Linux")
+needs_sandbox = pytest.mark.skipif(bool(LAYERS.missing), reason=f"no complete sandbox here: {LAYERS.problem}")
 needs_humaneval = pytest.mark.skipif(not HUMANEVAL.is_file(), reason=f"no HumanEval data at {HUMANEVAL}")
 needs_mbpp = pytest.mark.skipif(not MBPP_SANITIZED.is_file(), reason=f"no MBPP data at {MBPP_SANITIZED}")
 
@@ -59,6 +57,12 @@ def probe(code: str, check: str, limits: Limits = Limits(timeout_s=20)):
 def assert_probe(code: str, check: str, limits: Limits = Limits(timeout_s=20)):
     result = probe(code, check, limits)
     assert result.passed, result.stderr[-2000:]
+
+
+def test_the_sandbox_is_complete_here():
+    """The one test that fails (rather than skips) where bwrap is missing or does not work; the
+    attack tests below need it and are skipped then."""
+    assert LAYERS.missing == (), LAYERS.problem
 
 
 # --- wrong programs are never counted as passed -----------------------------------------------
@@ -168,6 +172,7 @@ FORGERIES = {
 }
 
 
+@needs_sandbox
 @needs_humaneval
 @pytest.mark.parametrize("name", list(FORGERIES))
 def test_forged_or_wrong_solutions_never_pass(name):
@@ -178,6 +183,7 @@ def test_forged_or_wrong_solutions_never_pass(name):
     assert bench.run(item, solution(WRONG_HE0)).status == "failed"
 
 
+@needs_sandbox
 @needs_humaneval
 def test_forged_solution_with_a_correct_body_still_passes():
     """The attacks above fail because they are wrong, not because the scorer fails everything."""
@@ -189,6 +195,7 @@ def test_forged_solution_with_a_correct_body_still_passes():
     assert bench.run(item, solution(honest)).passed
 
 
+@needs_sandbox
 def test_returned_objects_are_opaque_handles_equal_only_to_themselves():
     code = """
         import collections
@@ -216,6 +223,7 @@ def test_returned_objects_are_opaque_handles_equal_only_to_themselves():
     assert result.passed, result.stderr[-2000:]
 
 
+@needs_sandbox
 def test_exceptions_cross_by_type_name():
     code = """
         class Custom(Exception):
@@ -244,6 +252,7 @@ def test_exceptions_cross_by_type_name():
     assert result.passed, result.stderr[-2000:]
 
 
+@needs_sandbox
 @needs_mbpp
 def test_mbpp_wrong_and_forged_solutions_fail():
     bench = build_benchmark("mb", {"kind": "mbpp", "n": 1, "source": {"path": str(MBPP_SANITIZED)}})
@@ -260,6 +269,7 @@ def test_mbpp_wrong_and_forged_solutions_fail():
 # --- nothing outside the sample is visible ----------------------------------------------------
 
 
+@needs_sandbox
 def test_private_file_elsewhere_is_invisible(tmp_path):
     secret_dir = tmp_path / "private"
     secret_dir.mkdir(mode=0o700)
@@ -280,6 +290,7 @@ def test_private_file_elsewhere_is_invisible(tmp_path):
     assert_probe(code, "assert seen == ['FileNotFoundError'] * 3, seen")
 
 
+@needs_sandbox
 def test_root_home_repository_and_site_packages_are_invisible():
     repo = str(Path(__file__).resolve().parents[1])
     code = f"""
@@ -313,6 +324,7 @@ def test_root_home_repository_and_site_packages_are_invisible():
     assert_probe(code, check)
 
 
+@needs_sandbox
 def test_other_processes_are_invisible():
     marker = f"tokenflip-visible-{os.getpid()}"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
@@ -338,6 +350,7 @@ def test_other_processes_are_invisible():
         sleeper.wait()
 
 
+@needs_sandbox
 def test_kernel_settings_and_interfaces_are_out_of_reach():
     """No /proc or /sys to write host settings through, no mount of a fresh one, and no
     keyrings or ptrace (opened for writing only: nothing is written)."""
@@ -375,6 +388,7 @@ def test_kernel_settings_and_interfaces_are_out_of_reach():
 # --- writes, sockets and IPC -------------------------------------------------------------------
 
 
+@needs_sandbox
 def test_writes_outside_the_workdir_fail_and_nothing_appears_on_the_host(tmp_path):
     name = f"tokenflip-escape-{os.getpid()}"
     code = f"""
@@ -412,6 +426,7 @@ def test_writes_outside_the_workdir_fail_and_nothing_appears_on_the_host(tmp_pat
         assert not list(Path(directory).glob(f"{name}*")), directory
 
 
+@needs_sandbox
 def test_unix_sockets_of_the_host_are_unreachable(tmp_path):
     path = tmp_path / "host.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -444,6 +459,7 @@ def test_unix_sockets_of_the_host_are_unreachable(tmp_path):
 # --- resources ---------------------------------------------------------------------------------
 
 
+@needs_sandbox
 def test_processes_cannot_be_created():
     code = """
         import os, subprocess, sys, multiprocessing
@@ -463,6 +479,7 @@ def test_processes_cannot_be_created():
     assert_probe(code, "assert 'started' not in seen[:5] and seen[5] != 0, seen")
 
 
+@needs_sandbox
 def test_memory_limit_holds_for_the_whole_sample():
     code = """
         import os, threading
@@ -494,6 +511,7 @@ def test_memory_limit_holds_for_the_whole_sample():
     assert_probe(code, "assert seen[0] == 0 and seen[1] <= 512 * 1024 ** 2, seen", limits)
 
 
+@needs_sandbox
 def test_big_file_fast_is_stopped_and_leaves_nothing():
     code = """
         def attempt(size, name):
@@ -513,6 +531,7 @@ def test_big_file_fast_is_stopped_and_leaves_nothing():
     assert_probe(code, "assert seen[0] != 'written' and seen[1] <= 4, seen", limits)
 
 
+@needs_sandbox
 def test_busy_and_sleeping_solutions_time_out():
     bench = humaneval(timeout_s=2)
     item = bench.items()[0]
@@ -559,6 +578,7 @@ def _alive(processes: set[tuple[int, bytes]]) -> set[tuple[int, bytes]]:
     return alive
 
 
+@needs_sandbox
 def test_sample_dies_with_the_scorer_on_kill_9():
     """A solution that ignores SIGALRM and sleeps: kill -9 of the scoring process takes both
     sandboxes (and everything in them) down, and leaves no directory behind."""
