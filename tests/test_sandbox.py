@@ -308,7 +308,9 @@ def test_root_home_repository_and_site_packages_are_invisible():
                     found[module] = 'imported'
                 except ImportError:
                     found[module] = 'missing'
-            return {{'modules': found, 'root': listing('/root'), 'repo': listing({repo!r}),
+            datasets = [os.path.join(d, f) for d, _, files in os.walk('/') for f in files
+                        if 'humaneval' in f.lower() or 'mbpp' in f.lower() or f.endswith(('.jsonl', '.jsonl.gz'))]
+            return {{'modules': found, 'root': listing('/root'), 'repo': listing({repo!r}), 'datasets': datasets,
                     'top': listing('/'), 'tmp': listing('/tmp'), 'home': listing('/home'),
                     'site': [p for p in sys.path if os.path.isdir(p) and listing(p) and 'packages' in p]}}
     """
@@ -320,6 +322,7 @@ def test_root_home_repository_and_site_packages_are_invisible():
         assert set(seen['top']) <= {{'usr', 'lib', 'lib64', 'lib32', 'bin', 'etc', 'proc', 'dev', 'sandbox',
                                      'opt', 'root', 'tmp'}} - {{'tmp'}}, seen['top']
         assert seen['site'] == [], seen['site']
+        assert seen['datasets'] == [], seen['datasets']
     """
     assert_probe(code, check)
 
