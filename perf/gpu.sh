@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
-OUT=${OUT:-gpu-check-out}
+OUT=${OUT:-perf/gpu-carry/out}
 CARRY=${CARRY:-perf/gpu-carry}
 SITE=${SITE:-${TMPDIR:-/tmp}/tokenflip-gpu-site}
 mkdir -p "$OUT"
@@ -31,7 +31,11 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 TQDM_DIS
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader || true
   fi
   wheels=("$CARRY"/wheels/*.whl)
-  if [[ -e ${wheels[0]} ]]; then
+  pinned=$(grep -E '^(transformers|snakemake)==' requirements.lock | tr '\n' ' ')
+  if "$PYTHON" -c 'import sys, importlib.metadata as m
+sys.exit(any(m.version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]))' $pinned 2>/dev/null; then
+    echo "# $PYTHON has $pinned: nothing to install"
+  elif [[ -e ${wheels[0]} ]]; then
     echo "# installing ${#wheels[@]} carried wheels into $SITE"
     t0=$SECONDS
     if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

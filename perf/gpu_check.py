@@ -366,12 +366,12 @@ def prepare_pipeline_model(out_dir: Path) -> Path:
 
 
 def pipeline_config(model_dir: Path, device: str) -> dict[str, Any]:
-    """On CUDA, bf16 and fp16 with the cache on and off at batch sizes 1 and 4, compared
-    along the cache and the precision axis. On a CPU (every job a process that loads torch,
+    """On CUDA, bf16 and fp16 with the cache on and off (four GPU jobs, one at a time),
+    compared along the cache and the precision axis. On a CPU (every job a process that loads torch,
     on a small shared machine), bf16 with the cache on and off, compared."""
     generation: dict[str, Any] = {"record_top_k": 8, "device": device}
     if device == "cuda":
-        grids = [{"precision": ["bf16", "fp16"], "cache": ["on", "off"], "batch_size": [1, 4]}]
+        grids = [{"precision": ["bf16", "fp16"], "cache": ["on", "off"], "batch_size": [1]}]
         benchmark = {"kind": "arithmetic", "n": 8, "max_new_tokens": 24}
         comparisons = [{"axis": "cache", "a": "on", "b": "off"}, {"axis": "precision", "a": "bf16", "b": "fp16"}]
     else:
@@ -529,7 +529,8 @@ def parse_cache_off(text: str) -> dict[str, Any]:
     for m in re.finditer(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", text, re.M):
         rows[m.group(1)] = {"on_ms_per_token": float(m.group(2)), "off_ms_per_token": float(m.group(3)),
                             "off_over_on": float(m.group(4))}
-    fit = re.search(r"cache-off step time = ([\d.]+) ms \+ ([\d.]+) ms per token of context \(R\^2 ([-\d.]+)\)", text)
+    fit = re.search(r"cache-off step time = ([-\d.]+) ms \+ ([-\d.]+) ms per token of context \(R\^2 ([-\d.]+)\)",
+                    text)
     out: dict[str, Any] = {"per_new_tokens": rows}
     if fit:
         out.update(off_step_ms_intercept=float(fit.group(1)), off_step_ms_per_context_token=float(fit.group(2)),
@@ -541,9 +542,9 @@ def perf_runs(args) -> list[tuple[str, list[str], float, Callable[[str], dict]]]
     """(script, arguments, share of the part's time, parser) of each performance script."""
     if args.device == "cuda":
         model = ["--model", "random-7b", "--layers", str(args.perf_layers)]
-        return [("decode_vs_generate", [*model, "--new-tokens", "64", "--rounds", "5"], 0.45,
+        return [("decode_vs_generate", [*model, "--new-tokens", "64", "--rounds", "4"], 0.45,
                  parse_decode_vs_generate),
-                ("interventions", [*model, "--new-tokens", "64", "--rounds", "6", "--prompts", "4"], 0.35,
+                ("interventions", [*model, "--new-tokens", "64", "--rounds", "5", "--prompts", "4"], 0.35,
                  parse_interventions),
                 ("cache_off_scaling", [*model, "--lengths", "32", "64", "128"], 0.20, parse_cache_off)]
     model = ["--model", "random-small"]
@@ -612,7 +613,7 @@ def part_perf(rec: Recorder, args) -> None:
             with contextlib.redirect_stdout(_Tee(sys.stdout, buffer)):
                 rc, timed_out = call_with_timeout(lambda: module.main(argv), timeout)
             error = None
-        except Exception as exc:  # noqa: BLE001 - recorded; the next script runs
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - recorded; the next script runs
             rc, timed_out, error = None, False, f"{type(exc).__name__}: {exc}"
             log(traceback.format_exc())
         seconds = time.perf_counter() - t0
@@ -918,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="layers of the 7B-width model of the performance scripts on CUDA (default 16 of 32)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every part's time budget")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check-out")))
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", DEFAULT_CARRY / "out")))
     p.add_argument("--carry", type=Path, default=DEFAULT_CARRY,
                    help="the carried folder (wheels/, models/), as perf/fetch-wheels.sh fills it")
     p.add_argument("--budget", action="store_true", help="print the transfer size against the 64 MiB limit and exit "

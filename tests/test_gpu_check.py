@@ -1,0 +1,121 @@
+"""The GPU check (perf/gpu.sh) on the CPU with tiny shapes: the same code as on a GPU, end
+to end, and the transfer budget that decides whether a call of the GPU machine fits."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "perf"))
+import gpu_check  # noqa: E402
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_transfer_budget_counts_tracked_and_untracked_files_not_ignored_ones(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / ".gitignore").write_text("/ignored/\n")
+    (repo / "tracked.py").write_bytes(b"x" * 1000)
+    _git(repo, "add", "tracked.py", ".gitignore")
+    (repo / "untracked.txt").write_bytes(b"y" * 500)
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "big.bin").write_bytes(b"z" * 10_000)
+    carry = repo / "ignored"
+    expected_tree = 1000 + 500 + len("/ignored/\n")
+    assert gpu_check.tree_bytes(repo) == expected_tree
+
+    budget = gpu_check.transfer_budget(carry, repo, limit=expected_tree + 10_001)
+    assert budget["tree_bytes"] == expected_tree
+    assert budget["carry_bytes"] == 10_000
+    assert budget["total_bytes"] == expected_tree + 10_000
+    assert budget["fits"]
+    assert not gpu_check.transfer_budget(carry, repo, limit=expected_tree + 10_000)["fits"]
+    assert gpu_check.transfer_budget(repo / "absent", repo, limit=expected_tree + 1)["fits"]
+
+
+def test_budget_command_refuses_a_carry_over_64_mib(tmp_path):
+    carry = tmp_path / "carry"
+    (carry / "wheels").mkdir(parents=True)
+    with (carry / "wheels" / "huge.whl").open("wb") as fh:  # sparse: no disk used
+        fh.truncate(64 * 2**20)
+    cmd = [sys.executable, str(REPO / "perf" / "gpu_check.py"), "--budget", "--carry", str(carry)]
+    over = subprocess.run(cmd, capture_output=True, text=True)
+    assert over.returncode == 1, over.stderr
+    report = json.loads(over.stdout)
+    assert report["fits"] is False and report["wheel_bytes"] == 64.0
+    (carry / "wheels" / "huge.whl").unlink()
+    (carry / "wheels" / "small.whl").write_bytes(b"w" * 2**20)
+    under = subprocess.run(cmd, capture_output=True, text=True)
+    assert under.returncode == 0, under.stderr
+    assert json.loads(under.stdout)["wheel_bytes"] == 1.0
+
+
+@pytest.mark.slow
+def test_gpu_check_passes_end_to_end_on_the_cpu(tmp_path, prepared_models):
+    # The pipeline's model as the GPU run gets it: a carried local directory.
+    carry = tmp_path / "carry"
+    (carry / "models").mkdir(parents=True)
+    (carry / "models" / "tiny-llama").symlink_to(prepared_models("llama"))
+    out = tmp_path / "out"
+    env = dict(os.environ, DEVICE="cpu", PYTHON=sys.executable, OUT=str(out), CARRY=str(carry),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run(["bash", str(REPO / "perf" / "gpu.sh")], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert "nothing to install" in proc.stdout  # this environment already has the pinned versions
+    result = json.loads((out / "gpu-check.json").read_text())
+    parts = result["parts"]
+    assert {name: p["status"] for name, p in parts.items()} == {name: "pass" for name in gpu_check.PARTS}
+    assert result["passed"] is True
+    assert result["environment"]["transformers"] == gpu_check.locked_versions(["transformers"])["transformers"]
+
+    # 1. Every combination, bitwise: tokens and each step's fp32 logits.
+    checks = parts["decode_equals_generate"]["checks"]
+    combos = {(c["arch"], c["precision"], c["cache"], c["batch_size"]) for c in checks}
+    assert combos == set(itertools.product(["llama", "mistral", "gemma2"], ["fp16", "bf16"], [True, False], [1, 4]))
+    assert all(c["tokens_equal"] and c["logits_equal"] and c["max_abs_logit_diff"] == 0.0 for c in checks)
+    models = parts["decode_equals_generate"]["models"]
+    for arch in ("mistral", "gemma2"):  # the sliding window is crossed
+        window = models[arch]["sliding_window"]
+        assert all(c["prompt_tokens"] + c["steps"] > window for c in checks if c["arch"] == arch)
+
+    # 2. The pipeline ran to its report; each cell's digests are recorded.
+    pipeline = parts["pipeline"]["checks"][0]
+    assert pipeline["returncode"] == 0 and pipeline["report_bytes"] > 0
+    assert sorted(pipeline["cells"]) == ["bf16-off-bs1-greedy-none", "bf16-on-bs1-greedy-none"]
+    for cell in pipeline["cells"].values():
+        assert len(cell["token_stream_sha256"]) == 64 and len(cell["logits_sha256"]) == 64
+    assert [p["axis"] for p in pipeline["pairs"]] == ["cache"] and pipeline["pairs"][0]["status"] == "done"
+    assert (out / "gpu-check-report.html").read_text().lstrip().lower().startswith("<!doctype html")
+
+    # 3. The performance scripts' figures, parsed from their output.
+    perf = {c["name"]: c["figures"] for c in parts["perf"]["checks"]}
+    for bs in ("bs1", "bs8"):
+        assert perf["decode_vs_generate"][bs]["tokens_identical"]
+        assert set(perf["decode_vs_generate"][bs]["tok_s_wall"]) == {"generate", "decode", "decode-norecord"}
+        assert perf["decode_vs_generate"][bs]["decode_over_generate"] > 0
+    assert {"C_gated_pct", "C_ungated_pct", "global_fp32_pct"} <= set(perf["interventions"])
+    assert set(perf["cache_off_scaling"]["per_new_tokens"]) == {"4", "8"}
+    assert "off_step_ms_per_context_token" in perf["cache_off_scaling"]
+
+    # 4. Divergences per architecture; bf16 and fp16 never give the same logits.
+    divergence = {c["name"]: c for c in parts["divergence"]["checks"]}
+    assert set(divergence) == {"llama", "mistral", "gemma2"}
+    for arch in divergence.values():
+        assert set(arch["pairs"]) == set(gpu_check.DIVERGENCE_PAIRS)
+        assert arch["pairs"]["bf16_vs_fp16/cache_on"]["step0_max_abs_logit_diff"] > 0
+    assert [s["name"] for s in parts["divergence"]["skipped"]] == ["cpu_vs_cuda"]
+
+    log = (out / "gpu-check.log").read_text()
+    assert "all parts passed: True" in log
