@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -176,8 +177,9 @@ class _Process:
                  pass_fds: tuple[int, ...] = (), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE):
         self.layers, self.tag = layers, env.get(TAG_VARIABLE)
-        seccomp_read = None
+        seccomp_read = info_write = self.info_read = None
         if layers.sandboxed:
+            self.info_read, info_write = os.pipe()
             view = sandbox.python_view(python)
             if layers.seccomp:
                 seccomp_read, seccomp_write = os.pipe()
@@ -186,13 +188,13 @@ class _Process:
             cmd = sandbox.bwrap_command(layers.bwrap, view, workdir_bytes=limits.workdir_bytes,
                                         seccomp_fd=seccomp_read, env={**env, "HOME": sandbox.WORKDIR,
                                                                       "TMPDIR": sandbox.WORKDIR})
-            cmd += [view.executable, "-I", "-B", *args]
+            cmd += ["--info-fd", str(info_write), view.executable, "-I", "-B", *args]
             cwd, self.workdir = "/", None
         else:
             self.workdir = tempfile.mkdtemp(prefix="tokenflip-sandbox-")
             cmd, cwd = [python, "-I", "-B", *args], self.workdir
             env = {**env, "HOME": self.workdir, "TMPDIR": self.workdir, "PATH": "/usr/bin:/bin"}
-        fds = tuple(pass_fds) + ((seccomp_read,) if seccomp_read is not None else ())
+        fds = tuple(pass_fds) + tuple(fd for fd in (seccomp_read, info_write) if fd is not None)
         try:
             self.popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
                                           pass_fds=fds, start_new_session=True)
@@ -200,8 +202,9 @@ class _Process:
             self.close()
             raise
         finally:
-            if seccomp_read is not None:
-                os.close(seccomp_read)
+            for fd in (seccomp_read, info_write):
+                if fd is not None:
+                    os.close(fd)
 
     def __enter__(self):
         return self
@@ -218,12 +221,40 @@ class _Process:
                 pass
             popen.kill()
             popen.wait()
+            if self.info_read is not None:
+                _wait_for_sandbox(self.info_read)
             if not self.layers.sandboxed:
                 _kill_tagged(self.tag)
+        if self.info_read is not None:
+            os.close(self.info_read)
+            self.info_read = None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
+
+
+def _wait_for_sandbox(info_read: int, timeout_s: float = 5.0) -> None:
+    """Wait until the sandbox's first process (bwrap's report names it) has exited: its PID
+    namespace, and so every process of the sample, is gone by then. bwrap itself is dead, so
+    reading its report cannot block."""
+    try:
+        info = json.loads(os.read(info_read, 65536) or b"{}")
+        pid = int(info["child-pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
 
 
 def _kill_tagged(tag: str | None, rounds: int = 100) -> None:
