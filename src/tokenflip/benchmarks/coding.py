@@ -48,10 +48,17 @@ def parses(source: str) -> bool:
     return True
 
 
+def _quiet_parse(source: str) -> ast.Module:
+    """ast.parse without the SyntaxWarnings/DeprecationWarnings of dataset code's escapes."""
+    with _WARNINGS_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source)
+
+
 def top_level_names(source: str) -> set[str]:
     """Names a module's top level binds (functions, classes, assignments, imports)."""
     names = set()
-    for node in ast.parse(source).body:
+    for node in _quiet_parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -68,7 +75,7 @@ def names_from_solution(tests: str, context: str = "", reference: str = "") -> t
     which the solution must define. A builtin or module name belongs to the solution only if
     the dataset's `reference` solution defines it (MBPP has a task whose function is `sum`)."""
     loaded, bound = [], set()
-    for tree in (ast.parse(context), ast.parse(tests)):
+    for tree in (_quiet_parse(context), _quiet_parse(tests)):
         for node in ast.walk(tree):
             if isinstance(node, ast.Name):
                 if isinstance(node.ctx, ast.Load):
