@@ -53,12 +53,16 @@ TRANSFER_LIMIT = 64 * 2**20  # what one call of the device machine may carry
 
 PARTS = ("decode_equals_generate", "pipeline", "perf", "divergence")
 # Seconds per part before it is stopped. On CUDA they sum, with the grace below, the wheel
-# install and the start, to under 8 minutes; on a CPU with tiny shapes, to about a minute.
+# install and the start, to under 8 minutes. On a CPU with tiny shapes the parts need
+# about 1.5 minutes together; the budgets leave room for a machine shared with others.
 BUDGETS = {
     "cuda": {"decode_equals_generate": 75, "pipeline": 100, "perf": 140, "divergence": 75},
-    "cpu": {"decode_equals_generate": 40, "pipeline": 90, "perf": 60, "divergence": 30},
+    "cpu": {"decode_equals_generate": 60, "pipeline": 180, "perf": 90, "divergence": 60},
 }
-GRACE = 10  # seconds past a part's deadline before its process group is killed
+GRACE = 8  # seconds past a part's deadline before its process group is stopped
+# The whole run (after the wheels are installed), every part's grace and stop included: a
+# part gets at most what is left of it, so one call of `gpu.sh` stays under 8 minutes.
+TOTAL_BUDGETS = {"cuda": 440, "cpu": 600}
 
 # Widths of the papers' architectures (layers set separately). The sliding windows are
 # shortened to 64 so that prompts of 50-80 tokens plus the generated ones cross them.
@@ -146,8 +150,14 @@ class Recorder:
     def left(self) -> float:
         return self.deadline - time.time()
 
-    def room(self, seconds: float) -> bool:
-        return self.left() > seconds
+    def room(self, seconds: float, until: float | None = None) -> bool:
+        """Whether `seconds` still fit before the part's deadline (or the earlier `until`)."""
+        end = self.deadline if until is None else min(until, self.deadline)
+        return end - time.time() > seconds
+
+    def share(self, index: int, count: int) -> float:
+        """The end of item `index`'s equal share of the time left, among `count` items."""
+        return time.time() + self.left() / (count - index)
 
     def save(self) -> None:
         write_json(self.path, self.data)
@@ -180,9 +190,9 @@ class Recorder:
         self.data.update(extra)
         statuses = [c["status"] for c in self.data["checks"]]
         if "status" not in extra or self.data["status"] == "running":
-            if not statuses:
+            if not statuses or all(s == "skipped" for s in statuses):
                 self.data["status"] = "skipped"
-            elif all(s == "pass" for s in statuses):
+            elif all(s in ("pass", "skipped") for s in statuses):
                 self.data["status"] = "pass"
             elif "error" in statuses:
                 self.data["status"] = "error"
@@ -305,8 +315,8 @@ def part_decode_equals_generate(rec: Recorder, args) -> None:
     rec.data.update(new_tokens=new_tokens, shapes=args.shapes)
     archs = list(REAL_SHAPES)
     for i, arch in enumerate(archs):
-        # Leave the architectures still to come an equal share of the time.
-        if not rec.room(min(10.0, rec.left() / (len(archs) - i) / 2)):
+        until = rec.share(i, len(archs))  # the architectures still to come keep their share
+        if not rec.room(3.0, until):
             rec.skip(arch, f"{rec.left():.0f} s left")
             continue
         try:
@@ -325,8 +335,8 @@ def part_decode_equals_generate(rec: Recorder, args) -> None:
             for use_cache in (True, False):
                 for bs, (ids, mask) in batches.items():
                     name = f"{arch}/{precision}/cache-{'on' if use_cache else 'off'}/bs{bs}"
-                    if not rec.room(2.0):
-                        rec.skip(name, f"{rec.left():.0f} s left")
+                    if not rec.room(1.0, until):
+                        rec.skip(name, f"{rec.left():.0f} s left, of which {until - time.time():.0f} s for {arch}")
                         continue
                     check = rec.guarded(name, lambda: compare_with_generate(model, ids, mask, new_tokens, use_cache))
                     check.update(arch=arch, precision=precision, cache=use_cache, batch_size=bs)
@@ -404,7 +414,7 @@ def run_group(cmd: list[str], timeout: float, **kwargs) -> tuple[int | None, flo
     try:
         rc = proc.wait(timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 2)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
@@ -459,6 +469,7 @@ def part_pipeline(rec: Recorder, args) -> None:
                                 "logits_sha256": meta.get("logits_sha256"),
                                 "generated_tokens": meta.get("generated_tokens"),
                                 "device": env.get("device", {}).get("name"),
+                                "device_type": env.get("device", {}).get("type"),
                                 "transformers": env.get("software", {}).get("transformers")}
         pairs = []
         summary = run_dir / "summary" / "pairs.parquet"
@@ -471,7 +482,7 @@ def part_pipeline(rec: Recorder, args) -> None:
                                        "exact_agreement", "n_prompts")})
         report = work / "reports" / config["run"] / "index.html"
         ok = rc == 0 and report.exists() and len(cells) == expected_cells(config) and all(
-            c["token_stream_sha256"] for c in cells.values())
+            c["token_stream_sha256"] and c["device_type"] == args.device for c in cells.values())
         check = {"name": "snakemake", "status": "pass" if ok else ("timeout" if rc is None else "fail"),
                  "returncode": rc, "seconds": round(seconds, 1), "cells": cells, "pairs": pairs,
                  "report_bytes": report.stat().st_size if report.exists() else None}
@@ -698,8 +709,10 @@ def part_divergence(rec: Recorder, args) -> None:
     n_prompts, new_tokens = (8, 48) if real else (3, 12)
     rec.data.update(prompts=n_prompts, new_tokens=new_tokens, shapes=args.shapes)
     archs = list(REAL_SHAPES)
+    cpu_vs_cuda_seconds = 25.0 if args.device == "cuda" else 0.0
     for i, arch in enumerate(archs):
-        if not rec.room(min(8.0, rec.left() / (len(archs) - i) / 2)):
+        until = rec.share(i, len(archs)) - cpu_vs_cuda_seconds / len(archs)
+        if not rec.room(3.0, until):
             rec.skip(arch, f"{rec.left():.0f} s left")
             continue
 
@@ -713,7 +726,7 @@ def part_divergence(rec: Recorder, args) -> None:
             per_pair: dict[str, list] = {name: [] for name in DIVERGENCE_PAIRS}
             done = 0
             for prompt in prompts:
-                if done and not rec.room(3.0):
+                if done and not rec.room(1.0, until):
                     break
                 runs = {(p, cache): _run_prompt(models[p], prompt, new_tokens, cache)
                         for p in ("bf16", "fp16") for cache in (True, False)}
@@ -808,6 +821,10 @@ def environment(device: str) -> dict[str, Any]:
         env["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
         env["matmul_reduced_precision_bf16"] = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
         env["matmul_reduced_precision_fp16"] = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        env["sdpa_backends_enabled"] = {"flash": torch.backends.cuda.flash_sdp_enabled(),
+                                        "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                                        "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+                                        "math": torch.backends.cuda.math_sdp_enabled()}
         try:
             smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                                   "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
@@ -825,6 +842,7 @@ def run_parts(args) -> int:
     budgets = {p: int(b * args.budget_scale) for p, b in BUDGETS[args.device].items()}
     result: dict[str, Any] = {"schema": 1, "environment": environment(args.device), "shapes": args.shapes,
                               "budgets_s": budgets, "grace_s": GRACE,
+                              "total_budget_s": TOTAL_BUDGETS[args.device] * args.budget_scale,
                               "transfer": transfer_budget(args.carry) if (REPO / ".git").exists() else None,
                               "parts": {}}
     out_json = args.out / "gpu-check.json"
@@ -835,8 +853,16 @@ def run_parts(args) -> int:
     if env["differs_from_lock"]:
         log(f"# versions that differ from requirements.lock: {env['differs_from_lock']}")
     write_json(out_json, result)
+    total_end = started + TOTAL_BUDGETS[args.device] * args.budget_scale
     for part in args.parts:
-        budget = budgets[part]
+        budget = int(min(budgets[part], total_end - time.time() - GRACE - 5))
+        if budget < 10:
+            result["parts"][part] = {"status": "skipped", "checks": [], "skipped": [
+                {"name": part, "why": f"{total_end - time.time():.0f} s left of the run's budget"}]}
+            result["passed"] = False
+            write_json(out_json, result)
+            log(f"\n== part {part}: SKIPPED (the run's budget is spent)")
+            continue
         log(f"\n== part {part} (at most {budget} s)")
         part_file = args.out / f".{part}.part.json"
         part_file.unlink(missing_ok=True)

@@ -3,18 +3,24 @@ to end, and the transfer budget that decides whether a call of the GPU machine f
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "perf"))
-import gpu_check  # noqa: E402
+# perf/ is not a package and holds modules named like the project's (storage, interventions):
+# load the driver from its file rather than putting perf/ on sys.path.
+_spec = importlib.util.spec_from_file_location("gpu_check", REPO / "perf" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_check)
 
 
 def _git(cwd, *args):
@@ -59,6 +65,46 @@ def test_budget_command_refuses_a_carry_over_64_mib(tmp_path):
     under = subprocess.run(cmd, capture_output=True, text=True)
     assert under.returncode == 0, under.stderr
     assert json.loads(under.stdout)["wheel_bytes"] == 1.0
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's parent may be slow to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_a_part_past_its_deadline_is_stopped_with_the_processes_it_started(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+              "time.sleep(120)\n")
+    rc, seconds = gpu_check.run_group([sys.executable, "-c", script], timeout=3)
+    assert rc is None and 3 <= seconds < 15
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if not _running(grandchild):
+            break
+        time.sleep(0.1)
+    assert not _running(grandchild)
+    rc, seconds = gpu_check.run_group([sys.executable, "-c", "pass"], timeout=30)
+    assert rc == 0 and seconds < 30
+
+
+def test_a_script_past_its_share_is_interrupted_in_process():
+    def busy():
+        end = time.time() + 30
+        while time.time() < end:
+            pass
+        return "finished"
+
+    t0 = time.time()
+    assert gpu_check.call_with_timeout(busy, 0.5) == (None, True)
+    assert time.time() - t0 < 5
+    assert gpu_check.call_with_timeout(lambda: "quick", 5) == ("quick", False)
 
 
 @pytest.mark.slow
