@@ -116,7 +116,88 @@ def test_duplicate_keys_in_yaml_are_refused(tmp_path):
         cfg.read_yaml(path)
 
 
-def test_shipped_configs_are_valid():
-    for path in sorted((REPO / "config").glob("*.yaml")):
-        c = cfg.load(path)
-        assert expand_pairs(c, expand_cells(c)), path
+# Each shipped config's plan, counted by hand from its grids and comparisons.
+#
+# config/config.yaml: 1 model x 1 benchmark.
+#   cells: grid 1: fp32/bf16/fp16, on, bs1 = 3; grid 2: fp32/bf16, off, bs1 = 2;
+#          grid 3: fp32/bf16/fp16, on, bs4 = 3; grid 4: bf16/fp16, on, bs1, C_gated = 2;
+#          grid 5: bf16, on, bs1, eager = 1; all distinct: 3 + 2 + 3 + 2 + 1 = 11.
+#   pairs: cache on/off: fp32-bs1, bf16-bs1 = 2 (no fp16 off cell);
+#          precision bf16/fp16: on-bs1-none, on-bs4-none, on-bs1-C_gated = 3 (bf16 off and
+#            bf16 eager have no fp16 partner);
+#          precision fp32/bf16: on-bs1, off-bs1, on-bs4 = 3;
+#          precision fp32/fp16: on-bs1, on-bs4 = 2 (no fp16 off cell);
+#          batch size 1/4: fp32, bf16, fp16 on-none = 3 (C_gated, off and eager have no bs4);
+#          attention default/eager: bf16-on-bs1-none = 1;
+#          precision 3 + 3 + 2 = 8; total 2 + 8 + 3 + 1 = 14.
+# config/paper-kv-cache.yaml: 3 models x 1 benchmark.
+#   cells per model: fp16 x {on, off} x 3 decodings = 6, fp32 x {on, off} x greedy = 2; 8 x 3 = 24.
+#   pairs per model: cache on/off: fp16 x 3 decodings + fp32 greedy = 4; precision
+#          fp32/fp16: greedy on, greedy off = 2 (fp32 has no sampling cells); 6 x 3 = 18
+#          (cache 4 x 3 = 12, precision 2 x 3 = 6).
+# config/paper-precision.yaml: 6 models x 4 benchmarks = 24 model-benchmark combinations.
+#   cells per combination: bf16/fp16 x 8 interventions at bs1 = 16, bf16/fp16 x bs2/4/8 x
+#          {none, C_gated} = 12; 28 x 24 = 672.
+#   pairs per combination: precision bf16/fp16: every bf16 cell has its fp16 twin = 14;
+#          batch size 1/8: bf16/fp16 x {none, C_gated} = 4 (the other interventions have no
+#          bs8 cell); 18 x 24 = 432 (precision 14 x 24 = 336, batch size 4 x 24 = 96).
+SHIPPED_PLANS = {
+    "config.yaml": dict(
+        cells=11, pairs={"cache": 2, "precision": 8, "batch_size": 3, "attention": 1},
+        cell_ids=["smollm2-135m/arithmetic/fp16-on-bs4-greedy-none",
+                  "smollm2-135m/arithmetic/bf16-on-bs1-greedy-none-attention=eager",
+                  "smollm2-135m/arithmetic/fp16-on-bs1-greedy-C_gated"],
+        absent_cell_ids=["smollm2-135m/arithmetic/fp16-off-bs1-greedy-none",
+                         "smollm2-135m/arithmetic/bf16-on-bs4-greedy-C_gated"],
+        pair_ids=["smollm2-135m/arithmetic/cache/on_vs_off/fp32-x-bs1-greedy-none",
+                  "smollm2-135m/arithmetic/precision/bf16_vs_fp16/x-on-bs1-greedy-C_gated",
+                  "smollm2-135m/arithmetic/precision/fp32_vs_bf16/x-off-bs1-greedy-none",
+                  "smollm2-135m/arithmetic/batch_size/1_vs_4/fp16-on-x-greedy-none",
+                  "smollm2-135m/arithmetic/attention/default_vs_eager/bf16-on-bs1-greedy-none-attention=x"],
+        absent_pair_ids=["smollm2-135m/arithmetic/cache/on_vs_off/fp16-x-bs1-greedy-none",
+                         "smollm2-135m/arithmetic/precision/fp32_vs_fp16/x-off-bs1-greedy-none"]),
+    "paper-kv-cache.yaml": dict(
+        cells=24, pairs={"cache": 12, "precision": 6},
+        cell_ids=["llama2-7b/gsm8k/fp16-off-bs1-topp09-none",
+                  "gemma2-2b/gsm8k/fp32-on-bs1-greedy-none",
+                  "mistral-7b-v0.3/gsm8k/fp16-on-bs1-temp07-none"],
+        absent_cell_ids=["llama2-7b/gsm8k/fp32-on-bs1-temp07-none"],
+        pair_ids=["llama2-7b/gsm8k/cache/on_vs_off/fp16-x-bs1-temp07-none",
+                  "gemma2-2b/gsm8k/cache/on_vs_off/fp32-x-bs1-greedy-none",
+                  "mistral-7b-v0.3/gsm8k/precision/fp32_vs_fp16/x-off-bs1-greedy-none"],
+        absent_pair_ids=["llama2-7b/gsm8k/precision/fp32_vs_fp16/x-on-bs1-topp09-none"]),
+    "paper-precision.yaml": dict(
+        cells=672, pairs={"precision": 336, "batch_size": 96},
+        cell_ids=["tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-fp32_oracle",
+                  "r1-distill-qwen-7b/math500/fp16-on-bs8-greedy-C_gated",
+                  "qwen2.5-3b-instruct/humaneval/bf16-on-bs2-greedy-none"],
+        absent_cell_ids=["mistral-7b/mbpp/bf16-on-bs4-greedy-sharpen"],
+        pair_ids=["llama3.2-3b/mbpp/precision/bf16_vs_fp16/x-on-bs1-greedy-global_fp32",
+                  "mistral-7b/gsm8k/precision/bf16_vs_fp16/x-on-bs4-greedy-C_gated",
+                  "r1-distill-qwen-1.5b/humaneval/batch_size/1_vs_8/fp16-on-x-greedy-none"],
+        absent_pair_ids=["mistral-7b/gsm8k/batch_size/1_vs_8/bf16-on-x-greedy-sharpen",
+                         "mistral-7b/gsm8k/batch_size/1_vs_4/bf16-on-x-greedy-none"]),
+}
+
+
+def test_every_shipped_config_has_a_hand_counted_plan():
+    assert sorted(p.name for p in (REPO / "config").glob("*.yaml")) == sorted(SHIPPED_PLANS)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_PLANS))
+def test_shipped_configs_are_valid(name):
+    expected = SHIPPED_PLANS[name]
+    c = cfg.load(REPO / "config" / name)
+    cells = expand_cells(c)
+    pairs = expand_pairs(c, cells)
+    assert len(cells) == len({cell.id for cell in cells}) == expected["cells"]
+    by_axis: dict[str, int] = {}
+    for pair in pairs:
+        by_axis[pair.axis] = by_axis.get(pair.axis, 0) + 1
+    assert by_axis == expected["pairs"]
+    assert len(pairs) == sum(expected["pairs"].values())
+    cell_ids, pair_ids = {cell.id for cell in cells}, {pair.id for pair in pairs}
+    assert set(expected["cell_ids"]) <= cell_ids
+    assert not set(expected["absent_cell_ids"]) & cell_ids
+    assert set(expected["pair_ids"]) <= pair_ids
+    assert not set(expected["absent_pair_ids"]) & pair_ids
