@@ -790,6 +790,19 @@ def locked_versions(names: list[str]) -> dict[str, str]:
     return {n: pins.get(re.sub(r"[-_.]+", "-", n).lower()) for n in names}
 
 
+def code_digest(repo: Path = REPO) -> str:
+    """sha256 over the code a run executes (src/, workflow/, Snakefile, perf/): it names the
+    code where the copy that ran has no git history."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = [repo / "Snakefile", *(repo / "src").rglob("*"), *(repo / "workflow").rglob("*"),
+             *(repo / "perf").glob("*.py"), *(repo / "perf").glob("*.sh")]
+    for path in sorted(p for p in files if p.is_file() and "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def environment(device: str) -> dict[str, Any]:
     """Versions of what ran: machine, GPU, driver, CUDA, torch, transformers and the pins."""
     import torch
@@ -813,6 +826,7 @@ def environment(device: str) -> dict[str, Any]:
                                            check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         env["git_commit"] = None
+    env["code_sha256"] = code_digest()
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         env["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
