@@ -12,7 +12,7 @@
 # on PYTHONPATH, so the pinned transformers is the one imported. src/ goes on PYTHONPATH.
 #
 #   bash perf/gpu.sh                                           # CUDA, python3
-#   DEVICE=cpu PYTHON=.venv/bin/python bash perf/gpu.sh        # tiny shapes, same code, ~2 min
+#   DEVICE=cpu PYTHON=.venv/bin/python bash perf/gpu.sh        # tiny shapes, same code, 1.5-2.5 min
 #   PERF_LAYERS=32 bash perf/gpu.sh                            # all 32 layers in the perf part
 set -uo pipefail
 cd "$(dirname "$0")/.."
