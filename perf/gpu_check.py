@@ -19,7 +19,7 @@ is kept), and a crash or failure in one part does not stop the others. The JSON 
 rewritten after every part, so a run cut short still leaves every finished part.
 
     bash perf/gpu.sh                                    # CUDA, real widths, < 8 minutes
-    DEVICE=cpu PYTHON=.venv/bin/python bash perf/gpu.sh # tiny shapes, same code, ~1 minute
+    DEVICE=cpu PYTHON=.venv/bin/python bash perf/gpu.sh # tiny shapes, same code, 1.5-2.5 minutes
 
 `--budget` prints what a call of the device machine would carry (the working tree and the
 carried wheels and model) against its 64 MiB limit.
