@@ -48,7 +48,7 @@ def generate_records(job: CellJob, model, tokenizer, bench: Benchmark, progress:
     records: list[dict[str, Any]] = []
     batches = [items[i:i + cell.batch_size] for i in range(0, len(items), cell.batch_size)]
     for b, batch in enumerate(tqdm(batches, desc=cell.id, unit="batch", disable=not progress)):
-        prompts = [runtime.prompt_token_ids(tokenizer, bench.messages(item)) for item in batch]
+        prompts = [runtime.encode_prompt(tokenizer, bench, item) for item in batch]
         ids, mask = left_pad(prompts, pad)
         select = make_selector(job.decoding, [item.id for item in batch], job.run_seed, model.device)
         cpu_start = time.process_time()

@@ -57,6 +57,19 @@ def cmd_generate(args) -> None:
     print(f"{meta['cell_id']}: token-stream sha256 {meta['token_stream_sha256']}")
 
 
+def cmd_check_prompts(args) -> None:
+    """Encode every prompt of a benchmark with a prepared model's tokenizer (no weights)."""
+    from .benchmarks import build_benchmark
+    from .models import load_tokenizer
+    from .runtime import check_prompts
+    from .storage import write_json
+
+    result = check_prompts(load_tokenizer(args.model_dir), build_benchmark(args.benchmark, args.spec))
+    write_json(args.out, {**result, "model_dir": str(args.model_dir)})
+    print(f"{args.benchmark}: {result['prompts']} prompts, {result['min_tokens']}-{result['max_tokens']} tokens, "
+          f"{result['prompt_style']}")
+
+
 def cmd_probe(args) -> None:
     from .jobs import JobSpecError, ProbeJob
     from .probes import PROBES
@@ -210,6 +223,14 @@ def _job_commands(sub) -> None:
     p.add_argument("--out", required=True, help="directory to create")
     p.set_defaults(func=cmd_prepare_model)
 
+    p = sub.add_parser("check-prompts", help="check that a prepared model's tokenizer takes a benchmark's "
+                                             "prompt format (before any generation job)")
+    p.add_argument("--benchmark", required=True, help="the benchmark's name in the config")
+    p.add_argument("--spec", type=_json_arg, required=True, help="the config's benchmark entry as JSON")
+    p.add_argument("--model-dir", required=True, help="prepared model directory")
+    p.add_argument("--out", required=True, help="JSON record to write")
+    p.set_defaults(func=cmd_check_prompts)
+
     p = sub.add_parser("generate", help="run one cell from its job spec (what the pipeline calls)")
     p.add_argument("--job", type=_json_arg, required=True, help="cell job spec as JSON")
     p.add_argument("--model-dir", required=True, help="prepared model directory")
@@ -281,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .jobs import JobSpecError
     from .models import ModelError
+    from .runtime import PromptFormatError
     from .storage import StorageError
     from .summary import ResultError
 
@@ -292,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
-            ResultError) as exc:
+            ResultError, PromptFormatError) as exc:
         print(f"tokenflip {args.command}: error: {exc}", file=sys.stderr)
         return 1
     return 0

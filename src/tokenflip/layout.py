@@ -8,6 +8,7 @@ results/{run}/pairs/{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}.parquet
 results/{run}/probes/{model}/{benchmark}/{probe}/{table}.parquet
 results/{run}/summary/{table}.parquet
 reports/{run}/index.html, reports/{run}/tables/*.csv
+results/{run}/checks/{model}/{benchmark}.json                  the model's tokenizer takes the prompts
 logs/{run}/{rule}/...log
 ```
 
@@ -58,6 +59,10 @@ class RunLayout:
     def probe_table(self, probe: str, model: str, benchmark: str, table: str) -> str:
         return f"{self.probe_dir(probe, model, benchmark)}/{table}.parquet"
 
+    def prompt_check(self, model: str, benchmark: str) -> str:
+        """The record that a model's tokenizer takes a benchmark's prompts (see check-prompts)."""
+        return self._path("results", self.run, "checks", model, f"{benchmark}.json")
+
     @property
     def summary_dir(self) -> str:
         return self._path("results", self.run, "summary")
@@ -90,6 +95,10 @@ class RunLayout:
     @property
     def pair_pattern(self) -> str:
         return self.pair("{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}")
+
+    @property
+    def prompt_check_pattern(self) -> str:
+        return self.prompt_check("{model}", "{benchmark}")
 
     def probe_pattern(self, probe: str, table: str) -> str:
         return self.probe_table(probe, "{model}", "{benchmark}", table)

@@ -214,6 +214,14 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def load_tokenizer(model_dir: str | Path):
+    """The tokenizer of a prepared model (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    read_manifest(model_dir)
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
 def load_prepared(model_dir: str | Path, precision: str, device: str = "auto", attention: str = "default"):
     """Load (model, tokenizer, manifest) from a prepared directory in the cell's precision
     (and attention implementation, unless `default`: the library's choice)."""

@@ -16,6 +16,44 @@ def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+class PromptFormatError(ValueError):
+    """A benchmark's prompt format cannot be used with a model's tokenizer."""
+
+
+def encode_prompt(tokenizer, bench, item) -> list[int]:
+    """The token ids of one item's prompt in the benchmark's prompt style: through the
+    tokenizer's chat template (`format: chat`; the system turn dropped when
+    `system_prompt: false`), or as plain text with the tokenizer's own special tokens
+    (`format: bare`, what base checkpoints expect)."""
+    style = bench.prompt_style
+    if style["format"] == "bare":
+        return tokenizer(bench.bare_text(item))["input_ids"]
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptFormatError(f"benchmark {bench.name!r}: format 'chat', but the tokenizer has no chat template "
+                                f"(a base checkpoint?); use format: bare")
+    try:
+        return prompt_token_ids(tokenizer, bench.chat_messages(item))
+    except Exception as exc:  # jinja2 raises what the template raises (e.g. no system role)
+        hint = "; try system_prompt: false" if style["system_prompt"] and "system" in str(exc).lower() else ""
+        raise PromptFormatError(f"benchmark {bench.name!r}: the chat template refuses the prompt of {item.id!r} "
+                                f"({type(exc).__name__}: {exc}){hint}") from None
+
+
+def check_prompts(tokenizer, bench) -> dict:
+    """Encode every item's prompt once (no model needed): what `check-prompts` runs per
+    model and benchmark before any generation job, so that a prompt format the tokenizer
+    cannot take fails in seconds, not on a GPU."""
+    import hashlib
+
+    lengths, digest = [], hashlib.sha256()
+    for item in bench.items():
+        ids = encode_prompt(tokenizer, bench, item)
+        lengths.append(len(ids))
+        digest.update(item.id.encode() + b"\0" + ",".join(map(str, ids)).encode() + b"\n")
+    return {"benchmark": bench.name, "prompt_style": dict(bench.prompt_style), "prompts": len(lengths),
+            "min_tokens": min(lengths), "max_tokens": max(lengths), "prompt_ids_sha256": digest.hexdigest()}
+
+
 def eos_ids(model, tokenizer) -> list[int]:
     """Every id that ends generation: the generation config's and the tokenizer's EOS."""
     ids = set()

@@ -154,6 +154,20 @@ def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         raise
 
 
+def write_json(path: str | Path, data: Any) -> None:
+    """Write a small JSON record atomically (temporary name, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:

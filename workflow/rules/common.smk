@@ -42,6 +42,10 @@ def cell_job_json(wildcards):
     return cell_job(config, cell_of(wildcards)).dumps()
 
 
+def benchmark_spec_json(wildcards):
+    return json.dumps(config["benchmarks"][wildcards.benchmark], sort_keys=True)
+
+
 def model_spec_json(wildcards):
     return json.dumps(config["models"][wildcards.model], sort_keys=True)
 

@@ -5,6 +5,7 @@
 rule generate:
     input:
         model=LAYOUT.model_pattern,
+        prompts=LAYOUT.prompt_check_pattern,
     output:
         LAYOUT.cell_pattern,
     params:

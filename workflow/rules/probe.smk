@@ -8,6 +8,7 @@ for _probe in PROBES:
             f"probe_{_probe}"
         input:
             model=LAYOUT.model_pattern,
+            prompts=LAYOUT.prompt_check_pattern,
         output:
             [LAYOUT.probe_pattern(_probe, table) for table in PROBES[_probe].tables],
         params:

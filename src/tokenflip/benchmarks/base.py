@@ -38,7 +38,14 @@ COMMON_SPEC_SCHEMA: dict[str, Any] = {
     "kind": {"type": "string"},
     "n": {"type": "integer", "minimum": 1, "description": "the first n items (default: all)"},
     "max_new_tokens": {"type": "integer", "minimum": 1},
+    # How a prompt reaches the model (arXiv 2609.26621 §2 measures with bare prompts, no system
+    # prompt and no chat template; App. VI replicates with the native chat template).
+    "format": {"enum": ["chat", "bare"], "default": "chat",
+               "description": "chat: the tokenizer's chat template; bare: plain text, no template"},
+    "system_prompt": {"type": "boolean", "default": True,
+                      "description": "keep the benchmark's system instruction (as a system turn, or as text)"},
 }
+PROMPT_KEYS = ("format", "system_prompt")
 # A `source:` mapping: exactly one of a path, hub coordinates or a package file (checked by
 # `sources.parse_source` when the benchmark is built).
 SOURCE_SCHEMA: dict[str, Any] = {
@@ -59,6 +66,8 @@ class Benchmark(ABC):
     prompt_format: str = ""
     scorer: str = ""
     spec_schema: ClassVar[dict[str, Any]] = {}
+    # format (chat | bare) and system_prompt, from the config entry (see COMMON_SPEC_SCHEMA)
+    prompt_style: dict[str, Any] = {"format": "chat", "system_prompt": True}
 
     @classmethod
     def from_spec(cls, name: str, spec: dict[str, Any]) -> "Benchmark":
@@ -67,11 +76,13 @@ class Benchmark(ABC):
         default source."""
         from .sources import parse_source
 
-        options = {k: v for k, v in spec.items() if k not in ("kind", "max_new_tokens")}
+        options = {k: v for k, v in spec.items() if k not in ("kind", "max_new_tokens", *PROMPT_KEYS)}
         if "source" in cls.spec_schema:
             options["source"] = parse_source(f"benchmark {name!r} ({cls.kind})", options.get("source"),
                                              cls.default_source(options))
-        return cls(name, **options)
+        bench = cls(name, **options)
+        bench.prompt_style = {key: spec.get(key, COMMON_SPEC_SCHEMA[key]["default"]) for key in PROMPT_KEYS}
+        return bench
 
     @classmethod
     def default_source(cls, options: dict[str, Any]):
@@ -104,6 +115,27 @@ class Benchmark(ABC):
     def messages(self, item: Item) -> list[dict]:
         """Chat messages for `tokenizer.apply_chat_template`."""
 
+    def chat_messages(self, item: Item) -> list[dict]:
+        """`messages`, without the system turn when the config turns the system prompt off."""
+        messages = self.messages(item)
+        if self.prompt_style["system_prompt"]:
+            return messages
+        return [m for m in messages if m["role"] != "system"]
+
+    def bare_text(self, item: Item) -> str:
+        """The prompt as plain text for `format: bare` (base checkpoints, no chat template):
+        the system instruction (if kept) as a line, each earlier turn as
+        "Question: …\nAnswer: …", and the item as "Question: …\nAnswer:"."""
+        parts = []
+        for message in self.chat_messages(item):
+            if message["role"] == "system":
+                parts.append(message["content"].strip() + "\n\n")
+            elif message["role"] == "user":
+                parts.append(f"Question: {message['content'].strip()}\nAnswer:")
+            else:
+                parts.append(f" {message['content'].strip()}\n\n")
+        return "".join(parts)
+
     @abstractmethod
     def extract(self, completion: str) -> str | None:
         """The final answer in a completion, normalised like `Item.gold`, or None."""
@@ -119,7 +151,8 @@ class Benchmark(ABC):
     def _description(self, **extra) -> dict:
         """The fields every benchmark's `describe()` shares, followed by its own."""
         return {"name": self.name, "kind": self.kind, "n": len(self.items()), "n_requested": self.n,
-                "prompt_format": self.prompt_format, "scorer": self.scorer, **extra}
+                "prompt_format": self.prompt_format, "prompt_style": dict(self.prompt_style),
+                "scorer": self.scorer, **extra}
 
 
 class MathBenchmark(Benchmark):

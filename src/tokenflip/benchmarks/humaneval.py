@@ -90,6 +90,11 @@ class HumanEvalBenchmark(CodeBenchmark):
         self.items()
         return self._tasks[item.id]
 
+    def bare_text(self, item: Item) -> str:
+        """The task's prompt itself (signature and docstring): the model continues the
+        function body, as in the original HumanEval harness."""
+        return item.question
+
     def messages(self, item: Item) -> list[dict]:
         """One user turn: the instruction and the prompt in a ```python block."""
         return [{"role": "user", "content": f"{INSTRUCTION}\n\n```python\n{item.question.rstrip()}\n```"}]

@@ -149,6 +149,14 @@ class MBPPBenchmark(CodeBenchmark):
         messages.append({"role": "user", "content": item.question})
         return messages
 
+    def bare_text(self, item: Item) -> str:
+        """The standard MBPP text prompt: each shot as its task and "[BEGIN] code [DONE]",
+        then the task and "[BEGIN]", where the model writes the code."""
+        parts = []
+        for message in self.chat_messages(item):
+            parts.append(message["content"].strip() + ("\n\n" if message["role"] == "assistant" else "\n"))
+        return "".join(parts) + "[BEGIN]\n"
+
     def extract(self, completion: str) -> str | None:
         """The code between [BEGIN] and [DONE], see `extract_mbpp_code`."""
         return extract_mbpp_code(completion)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..jobs import ProbeJob
-from ..runtime import prompt_token_ids, special_ids
+from ..runtime import encode_prompt, special_ids
 from .base import Probe, probe_metadata, setup, write_tables
 
 # torch (through .replay and ..models) is imported inside the functions that compute: the
@@ -85,7 +85,7 @@ def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict
         meta = meta or probe_metadata(job, manifest, bench, model.device)
         eos, pad = special_ids(model, tokenizer)
         for item in items:
-            prompt = prompt_token_ids(tokenizer, bench.messages(item))
+            prompt = encode_prompt(tokenizer, bench, item)
             result = probe_prompt(model, prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]))
             for name in TABLES:
                 rows[name].extend({"precision": precision, "prompt_id": item.id, **r} for r in result[name])

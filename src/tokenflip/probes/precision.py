@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..jobs import ProbeJob
-from ..runtime import prompt_token_ids, special_ids
+from ..runtime import encode_prompt, special_ids
 from .base import Probe, probe_metadata, setup, write_tables
 
 # torch (through .replay and ..models) is imported inside the functions that compute: the
@@ -103,7 +103,7 @@ def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict
         meta = meta or probe_metadata(job, manifest, bench, model_a.device)
         eos, pad = special_ids(model_a, tokenizer)
         for item in items:
-            prompt = prompt_token_ids(tokenizer, bench.messages(item))
+            prompt = encode_prompt(tokenizer, bench, item)
             result = probe_prompt(model_a, model_b, prompt, job.max_new_tokens, eos, pad, int(job.options["flips"]))
             for name in TABLES:
                 rows[name].extend({"a": prec_a, "b": prec_b, "prompt_id": item.id, **r} for r in result[name])
