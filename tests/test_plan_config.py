@@ -167,16 +167,30 @@ SHIPPED_PLANS = {
                   "mistral-7b-v0.3/gsm8k/precision/fp32_vs_fp16/x-off-bs1-greedy-none"],
         absent_pair_ids=["llama2-7b/gsm8k/precision/fp32_vs_fp16/x-on-bs1-topp09-none"]),
     "paper-precision.yaml": dict(
-        cells=672, pairs={"precision": 336, "batch_size": 96},
+        # 9 models x 4 benchmarks = 36 (model, benchmark); per one: 2 precisions x 8
+        # interventions at bs1 (16) + 2 x 2 (none, C_gated) x 3 batch sizes (12) = 28 cells,
+        # 1,008 in all; plus the repeat=2 copies of bf16/fp16 none bs1 for one model on 4
+        # benchmarks (8): 1,016. Pairs per (model, benchmark): precision 8 + 6 = 14 (504),
+        # batch size 1 vs 8 for none/C_gated x 2 precisions = 4 (144), intervention none vs
+        # C_gated at 4 batch sizes x 2 precisions = 8, vs global_fp32 and fp32_oracle at bs1
+        # x 2 = 4 (432); and the repeats: bf16 vs fp16 among the copies (4 more precision
+        # pairs: 508) and default vs 2 per precision (8).
+        cells=1016, pairs={"precision": 508, "batch_size": 144, "intervention": 432, "repeat": 8},
         cell_ids=["tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-fp32_oracle",
                   "r1-distill-qwen-7b/math500/fp16-on-bs8-greedy-C_gated",
-                  "qwen2.5-3b-instruct/humaneval/bf16-on-bs2-greedy-none"],
-        absent_cell_ids=["mistral-7b/mbpp/bf16-on-bs4-greedy-sharpen"],
-        pair_ids=["llama3.2-3b/mbpp/precision/bf16_vs_fp16/x-on-bs1-greedy-global_fp32",
+                  "qwen2.5-3b-instruct/humaneval/bf16-on-bs2-greedy-none",
+                  "olmoe-1b-7b/mbpp/fp16-on-bs1-greedy-C_gated",
+                  "tinyllama-1.1b-chat/gsm8k/fp16-on-bs1-greedy-none-repeat=2"],
+        absent_cell_ids=["mistral-7b/mbpp/bf16-on-bs4-greedy-sharpen",
+                         "qwen2.5-7b-instruct/gsm8k/fp16-on-bs1-greedy-none-repeat=2"],
+        pair_ids=["llama3.2-3b-instruct/mbpp/precision/bf16_vs_fp16/x-on-bs1-greedy-global_fp32",
                   "mistral-7b/gsm8k/precision/bf16_vs_fp16/x-on-bs4-greedy-C_gated",
-                  "r1-distill-qwen-1.5b/humaneval/batch_size/1_vs_8/fp16-on-x-greedy-none"],
+                  "r1-distill-qwen-1.5b/humaneval/batch_size/1_vs_8/fp16-on-x-greedy-none",
+                  "qwen2.5-1.5b-instruct/gsm8k/intervention/none_vs_C_gated/bf16-on-bs8-greedy-x",
+                  "tinyllama-1.1b-chat/math500/repeat/default_vs_2/bf16-on-bs1-greedy-none-repeat=x"],
         absent_pair_ids=["mistral-7b/gsm8k/batch_size/1_vs_8/bf16-on-x-greedy-sharpen",
-                         "mistral-7b/gsm8k/batch_size/1_vs_4/bf16-on-x-greedy-none"]),
+                         "mistral-7b/gsm8k/batch_size/1_vs_4/bf16-on-x-greedy-none",
+                         "mistral-7b/gsm8k/intervention/none_vs_global_fp32/bf16-on-bs8-greedy-x"]),
 }
 
 

@@ -20,7 +20,10 @@ NAME_AXES = ("precision", "cache", "batch_size", "decoding", "intervention")
 # Further axes, encoded as `-axis=value` only when not at their default, so that adding
 # one to a config leaves the names (and files) of every existing cell unchanged.
 # `default` means: what the library or the run's `generation` settings choose.
-EXTRA_AXES = {"attention": "default", "threads": "default", "device": "default", "deterministic": "default"}
+# `repeat` changes nothing but the cell's name: comparing `repeat: default` with `2` asks
+# whether the same cell run twice is bitwise identical (arXiv 2609.26621 §6.1).
+EXTRA_AXES = {"attention": "default", "threads": "default", "device": "default", "deterministic": "default",
+              "repeat": "default"}
 COMPARABLE_AXES = NAME_AXES + tuple(EXTRA_AXES)
 AXIS_DEFAULTS = {"decoding": "greedy", "intervention": "none", **EXTRA_AXES}
 
@@ -42,6 +45,7 @@ class Cell:
     threads: str = "default"
     device: str = "default"
     deterministic: str = "default"
+    repeat: str = "default"
 
     @property
     def name(self) -> str:
