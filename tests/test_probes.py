@@ -109,3 +109,57 @@ def test_precision_probe_of_a_precision_against_itself_is_exactly_zero(prepared_
     r = precision_probe(model_a, model_b, prompt, 16, eos_ids(model_a, tokenizer), tokenizer.pad_token_id, 3)
     assert all(s["kl"] == 0 and not s["flip"] for s in r["steps"])
     assert all(row["l2"] == 0 for row in r["layers"])
+
+
+def _last_mlp_in_fp8(model):
+    """The model with its last decoder layer's MLP weights rounded to fp8 (e4m3), everything
+    else untouched: a precision difference confined to that one layer's MLP."""
+    from tokenflip.probes.replay import decoder_layers
+
+    with torch.no_grad():
+        for weight in decoder_layers(model)[-1].mlp.parameters():
+            weight.copy_(weight.to(torch.float8_e4m3fn).float())
+    return model
+
+
+def test_grafting_the_last_layer_from_b_fixes_every_flip(prepared_models):
+    """When a and b differ only inside the last layer (fp32 everywhere, b's last MLP in fp8),
+    b's last-layer output grafted into a goes through the same final norm and LM head as in
+    b, so a's logits at the flip step become b's bit for bit and the flip is fixed. Grafting
+    layer 0 changes nothing (both compute it identically), so it fixes nothing."""
+    from tokenflip.probes.precision import probe_prompt as precision_probe
+    from tokenflip.probes.replay import all_layers
+
+    model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
+    model_b = _last_mlp_in_fp8(load_prepared(prepared_models("llama"), "fp32", "cpu")[0])
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 8})
+    kw = dict(eos_token_ids=eos_ids(model_a, tokenizer), pad_token_id=tokenizer.pad_token_id)
+    flipped = 0
+    for item in bench.items():
+        prompt = prompt_token_ids(tokenizer, bench.messages(item))
+        r = {k: pd.DataFrame(v) for k, v in precision_probe(model_a, model_b, prompt, 24, kw["eos_token_ids"],
+                                                            kw["pad_token_id"], 1).items()}
+        layers = r["layers"]
+        assert (layers.loc[layers["layer"] == 0, "l2"] == 0).all()
+        assert (layers.loc[layers["layer"] == 1, "l2"] > 0).all()
+        steps = r["steps"]
+        if not steps["flip"].any():
+            continue
+        flipped += 1
+        t = int(steps.index[steps["flip"]][0])
+        fixed = dict(zip(r["grafting"]["graft"], r["grafting"]["fixed"]))
+        assert fixed.pop("layer 0") is False and fixed.pop("layer 1") is True
+        assert list(fixed) == (["kv cache"] if t else [])
+
+        # The same grafts by hand: the logits after the graft are exactly b's (or a's own).
+        a = replay(model_a, prompt, use_cache=True, max_new_tokens=24, **kw)
+        b = replay(model_b, prompt, use_cache=True, max_new_tokens=24, tokens=a.tokens, **kw)
+        assert a.logits[t].argmax() != b.logits[t].argmax()
+        upto = a.tokens[: t + 1]
+        for patch, expected in (({1: b.layer_outputs[t, 1]}, b.logits[t]),      # the last layer
+                                (all_layers(b.layer_outputs[t]), b.logits[t]),   # every layer at once
+                                ({0: b.layer_outputs[t, 0]}, a.logits[t])):      # layer 0: a no-op
+            grafted = replay(model_a, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
+                             patch_residual={t: patch}, **kw)
+            assert torch.equal(grafted.logits[t], expected)
+    assert flipped >= 1  # rounding one MLP to fp8 flips this tiny model on some of these prompts
