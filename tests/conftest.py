@@ -98,12 +98,12 @@ def write_yaml(path: Path, data: dict) -> Path:
 
 
 def snakemake_command(workdir: Path, config: Path, *extra: str, snakefile: Path = SNAKEFILE,
-                      profile: Path | None = DEFAULT_PROFILE) -> list[str]:
+                      profile: Path | None = DEFAULT_PROFILE, cores: int = 2) -> list[str]:
     """The `snakemake` command line of a run in `workdir` with the repository's default
     workflow profile (the rerun policy), two cores and one 'gpu'."""
     return [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
             "--configfile", str(config), "--workflow-profile", str(profile) if profile else "none",
-            *extra, "--cores", "2", "--resources", "gpu=1"]   # nothing after the list-valued --resources
+            *extra, "--cores", str(cores), "--resources", "gpu=1"]   # nothing after the list-valued --resources
 
 
 def run_snakemake(workdir: Path, config: Path, *extra: str, check: bool = True, timeout: int = 600,

@@ -139,21 +139,21 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
     config = write_config(tmp_path, {"tiny-llama": MODEL_A, "tiny-mistral": MODEL_B})
     jobs = scheduled_jobs(snakemake(tmp_path, config, "-n").stdout)
     counts = Counter(rule for rule, _ in jobs)
-    assert counts == {"prepare_model": 1, "generate": 6, "compare": 5, "probe_kv_cache": 1,
+    assert counts == {"prepare_model": 1, "check_prompts": 1, "generate": 6, "compare": 5, "probe_kv_cache": 1,
                       "probe_precision": 1, "summarize": 1,
                       "report": 1, "all": 1}
-    outputs = [out for rule, out in jobs if rule in ("prepare_model", "generate", "compare", "probe_kv_cache",
-                                                     "probe_precision")]
+    outputs = [out for rule, out in jobs if rule in ("prepare_model", "check_prompts", "generate", "compare",
+                                                     "probe_kv_cache", "probe_precision")]
     assert all("tiny-mistral" in out for out in outputs), outputs
 
 
 @pytest.mark.parametrize("config, expected", [
-    ("paper-kv-cache.yaml", {"prepare_model": 3, "generate": 24, "compare": 18, "probe_kv_cache": 3,
-                             "summarize": 1, "report": 1, "all": 1}),
-    # 6 models x 4 benchmarks: 2 precisions x (8 interventions at bs 1 + 2 at bs 2/4/8) = 28 cells,
-    # 8 + 6 precision pairs and 4 batch-size pairs, one precision probe.
-    ("paper-precision.yaml", {"prepare_model": 6, "generate": 672, "compare": 432, "probe_precision": 24,
-                              "summarize": 1, "report": 1, "all": 1}),
+    ("paper-kv-cache.yaml", {"prepare_model": 3, "check_prompts": 3, "generate": 24, "compare": 18,
+                             "probe_kv_cache": 3, "summarize": 1, "report": 1, "all": 1}),
+    # 9 models x 4 benchmarks: the cells and pairs counted in test_plan_config; one prompt
+    # check and one precision probe per model and benchmark.
+    ("paper-precision.yaml", {"prepare_model": 9, "check_prompts": 36, "generate": 1016, "compare": 1092,
+                              "probe_precision": 36, "summarize": 1, "report": 1, "all": 1}),
 ])
 def test_paper_config_dry_run(tmp_path, config, expected):
     """The paper configs schedule their whole study without a GPU or the hub (dry run)."""
