@@ -53,6 +53,7 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
     kl, flips, top_off = d["kl"], d["flip"], d["top_b"]
     steps = [{"step": t, "kl": float(kl[t]), "flip": bool(flips[t]), "margin_on": float(d["margin_a"][t]),
               "margin_off": float(d["margin_b"][t]), "max_abs_dlogit": float(d["max_abs_dlogit"][t]),
+              "sigma_z": float(d["sigma_z"][t]),
               "top1_on": int(d["top_a"][t]), "top1_off": int(top_off[t])} for t in range(len(kl))]
     diff, scale = d["layer_l2"], np.maximum(d["layer_norm_b"], 1e-30)
     layers = [{"step": t, "layer": layer, "l2": float(diff[t, layer]),

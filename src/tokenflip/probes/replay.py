@@ -147,6 +147,9 @@ def step_differences(a: Replay, b: Replay) -> dict[str, np.ndarray]:
         "top_a": top_a.numpy(), "top_b": top_b.numpy(), "flip": (top_a != top_b).numpy(),
         "margin_a": top2_margin(a.logits).numpy(), "margin_b": top2_margin(b.logits).numpy(),
         "max_abs_dlogit": (a.logits - b.logits).abs().max(-1).values.numpy(),
+        # σz of arXiv 2609.26621 §I.3: the per-logit RMS of the logit difference over the
+        # whole vocabulary (4.6275 / √32000 ≈ 0.026 there), per step.
+        "sigma_z": (a.logits.double() - b.logits.double()).pow(2).mean(-1).sqrt().numpy(),
         "layer_l2": (a.layer_outputs - b.layer_outputs).norm(dim=-1).numpy(),
         "layer_norm_b": b.layer_outputs.norm(dim=-1).numpy(),
     }
