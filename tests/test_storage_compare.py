@@ -165,3 +165,222 @@ def test_round_trip_and_digests(tmp_path):
     assert storage.logits_digest(changed) != storage.logits_digest(table)
     other_tokens = storage.cell_table([record("p0", 0, [1, 5], [L, L2]), record("p1", 1, [3], [L])], K)
     assert storage.token_stream_digest(other_tokens) != storage.token_stream_digest(table)
+
+
+# --- Every pair summary figure on per-prompt tables computed by hand -----------------------
+#
+# Six prompts, top-4 logits chosen as short binary fractions (exact in float32). Per step
+# the top-2 margin is logit[0] - logit[1]; "Δ" is the largest |logit_a - logit_b| over the
+# token ids in both top-4 lists.
+TIE = [4.0, 4.0, 2.0, 1.0]        # margin 0: a near-tie (below compare.NEAR_TIE)
+UP = [4.5, 4.0, 2.0, 1.0]         # TIE with the top logit moved by 0.5
+LOW = [4.0, 3.0, 2.0, 1.25]       # L with the fourth logit moved by 0.25
+
+
+def hand_tables():
+    a = storage.cell_table([
+        # p0: identical, bitwise. Margins 1, 1, 1.
+        record("p0", 0, [10, 11, 12], [L, L, L]),
+        # p1: identical tokens; step 1 is a tie in a (margin 0), b's top logit is 0.5 higher.
+        record("p1", 1, [20, 21, 22], [L, TIE, L]),
+        # p2: parts at step 2 (a takes 32 with margin 0.25, b takes 99); step 1 moved by 0.25.
+        record("p2", 2, [30, 31, 32], [L, L, [4.0, 3.75, 2.0, 1.0]],
+               top_ids=[[30, 31, 32, 33], [31, 32, 33, 34], [32, 99, 34, 35]]),
+        # p3: b stops after 2 tokens, a goes on to 4; same answer, both wrong.
+        record("p3", 3, [40, 41, 42, 43], [TIE, L, L, L], correct=False, extracted="4"),
+        # p4: parts at step 0: a takes 50 with margin 0.5, b takes 60.
+        record("p4", 4, [50], [[4.0, 3.5, 2.0, 1.0]], top_ids=[[50, 60, 52, 53]]),
+        # p5: parts at step 1 on an exact tie that b breaks the other way.
+        record("p5", 5, [70, 71], [L, TIE], top_ids=[[70, 71, 72, 73], [71, 80, 73, 74]]),
+    ], K)
+    b = storage.cell_table([
+        record("p0", 0, [10, 11, 12], [L, L, L]),
+        record("p1", 1, [20, 21, 22], [L, UP, L]),
+        record("p2", 2, [30, 31, 99], [L, LOW, [4.0, 3.5, 2.0, 1.0]], correct=False, extracted="7",
+               top_ids=[[30, 31, 32, 33], [31, 32, 33, 34], [99, 32, 34, 35]]),
+        record("p3", 3, [40, 41], [TIE, L], correct=False, extracted="4"),
+        record("p4", 4, [60], [[4.0, 3.75, 2.0, 1.0]], correct=False, extracted="6", top_ids=[[60, 50, 52, 53]]),
+        record("p5", 5, [70, 80], [L, TIE], correct=False, extracted=None,
+               top_ids=[[70, 71, 72, 73], [80, 71, 73, 74]]),
+    ], K)
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def hand_rows():
+    return {r["prompt_id"]: r for r in compare.compare_tables(*hand_tables(), K).to_pylist()}
+
+
+@pytest.fixture(scope="module")
+def hand_summary():
+    return compare.summarize(compare.compare_tables(*hand_tables(), K))
+
+
+def test_per_prompt_rows_by_hand(hand_rows):
+    # (identical, first_div_step, steps_compared, steps_logit_diff, n_tokens_a, n_tokens_b,
+    #  logit_diff_before_div, max_abs_dlogit_before_div, dlogit_at_div, margin_a_at_div,
+    #  margin_b_at_div, rms_dlogit_before_div, mean_margin_a, mean_margin_b, near_ties_a, same_answer)
+    # p0: Δ = 0, 0, 0 over 3 steps.
+    # p1: Δ = 0, 0.5 (id 21: 4 vs 4.5), 0 -> 1 step differs, rms sqrt(0.25 / 3).
+    # p2: first_div 2, steps 0..2 compared; Δ before = 0, 0.25 (id 34: 1 vs 1.25);
+    #     at step 2 ids 32: |4 - 3.5| = 0.5, 99: |3.75 - 4| = 0.25 -> 0.5; rms sqrt(0.0625 / 2).
+    # p3: no token differs in the 2 shared steps, lengths differ: first_div = 2 = min length,
+    #     steps 0..1 compared (Δ 0, 0), nothing at the divergence step (b has none).
+    # p4: first_div 0, nothing before it (max 0, rms None); at step 0 id 50: |4 - 3.75| = 0.25,
+    #     id 60: |3.5 - 4| = 0.5 -> 0.5; margins a 0.5, b 0.25.
+    # p5: first_div 1; Δ before = 0; at step 1 ids 71 and 80 are 4 in both: Δ 0, margins 0.
+    expected = {
+        "p0": (True, None, 3, 0, 3, 3, False, 0.0, None, None, None, 0.0, 1.0, 1.0, 0, True),
+        "p1": (True, None, 3, 1, 3, 3, True, 0.5, None, None, None, (0.25 / 3) ** 0.5, 2 / 3, 5 / 6, 1, True),
+        "p2": (False, 2, 3, 1, 3, 3, True, 0.25, 0.5, 0.25, 0.5, (0.0625 / 2) ** 0.5, 0.75, 5 / 6, 0, False),
+        "p3": (False, 2, 2, 0, 4, 2, False, 0.0, None, None, None, 0.0, 0.75, 0.5, 1, True),
+        "p4": (False, 0, 1, 0, 1, 1, False, 0.0, 0.5, 0.5, 0.25, None, 0.5, 0.25, 0, False),
+        "p5": (False, 1, 2, 0, 2, 2, False, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 1, False),
+    }
+    fields = ("identical", "first_div_step", "steps_compared", "steps_logit_diff", "n_tokens_a", "n_tokens_b",
+              "logit_diff_before_div", "max_abs_dlogit_before_div", "dlogit_at_div", "margin_a_at_div",
+              "margin_b_at_div", "rms_dlogit_before_div", "mean_margin_a", "mean_margin_b", "near_ties_a",
+              "same_answer")
+    for pid, values in expected.items():
+        row = hand_rows[pid]
+        for name, value in zip(fields, values):
+            if isinstance(value, float):
+                assert row[name] == pytest.approx(value, abs=1e-12), (pid, name)
+            else:
+                assert row[name] == value, (pid, name)
+
+
+# The summary of the six prompts above, one figure per test. Per prompt (from the rows):
+#   prompt            p0    p1    p2    p3    p4    p5
+#   identical         yes   yes   no    no    no    no      -> 4 of 6 diverged
+#   first_div_step    -     -     2     2     0     1
+#   steps before div  3     3     2     2     0     1       (steps_compared if identical) -> 11
+#   steps Δ > 0       0     1     1     0     0     0       -> 2
+#   correct a / b     T/T   T/T   T/F   F/F   T/F   T/F
+#   n_tokens a / b    3/3   3/3   3/3   4/2   1/1   2/2
+def test_summary_has_exactly_the_figures_pinned_below(hand_summary):
+    assert len(hand_summary) == 25
+
+
+def test_summary_n_prompts(hand_summary):
+    assert hand_summary["n_prompts"] == 6
+
+
+def test_summary_n_diverged(hand_summary):
+    assert hand_summary["n_diverged"] == 4  # p2..p5
+
+
+def test_summary_divergence_rate(hand_summary):
+    assert hand_summary["divergence_rate"] == pytest.approx(4 / 6, abs=1e-12)
+
+
+def _wilson_by_hand(count, n, z=1.959963984540054):
+    """Wilson score interval: (p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)."""
+    p = count / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return centre - half, centre + half
+
+
+def test_summary_divergence_ci_low(hand_summary):
+    # 4/6: p = 2/3, z = 1.959964, z²/n = 0.640243, centre = (0.666667 + 0.320122) / 1.640243
+    # = 0.601611, half = 1.194923 * sqrt(0.037037 + 0.026677) = 0.301617 -> [0.299993, 0.903229]
+    assert hand_summary["divergence_ci_low"] == pytest.approx(_wilson_by_hand(4, 6)[0], abs=1e-12)
+    assert hand_summary["divergence_ci_low"] == pytest.approx(0.299993, abs=1e-6)
+
+
+def test_summary_divergence_ci_high(hand_summary):
+    assert hand_summary["divergence_ci_high"] == pytest.approx(_wilson_by_hand(4, 6)[1], abs=1e-12)
+    assert hand_summary["divergence_ci_high"] == pytest.approx(0.903229, abs=1e-6)
+
+
+def test_summary_n_logit_diff_before_div(hand_summary):
+    assert hand_summary["n_logit_diff_before_div"] == 2  # p1 and p2
+
+
+def test_summary_logit_diff_rate(hand_summary):
+    assert hand_summary["logit_diff_rate"] == pytest.approx(2 / 6, abs=1e-12)
+
+
+def test_summary_step_logit_diff_rate(hand_summary):
+    # steps with Δ > 0 before the divergence over steps before it: (1 + 1) / (3 + 3 + 2 + 2 + 0 + 1)
+    assert hand_summary["step_logit_diff_rate"] == pytest.approx(2 / 11, abs=1e-12)
+
+
+def test_summary_max_abs_dlogit(hand_summary):
+    assert hand_summary["max_abs_dlogit"] == 0.5  # p1's step 1 (p2's 0.5 is at the divergence)
+
+
+def test_summary_mean_first_div_step(hand_summary):
+    assert hand_summary["mean_first_div_step"] == pytest.approx((2 + 2 + 0 + 1) / 4, abs=1e-12)
+
+
+def test_summary_median_first_div_step(hand_summary):
+    assert hand_summary["median_first_div_step"] == 1.5  # 0, 1, 2, 2
+
+
+def test_summary_accuracy_a(hand_summary):
+    assert hand_summary["accuracy_a"] == pytest.approx(5 / 6, abs=1e-12)
+
+
+def test_summary_accuracy_b(hand_summary):
+    assert hand_summary["accuracy_b"] == pytest.approx(2 / 6, abs=1e-12)
+
+
+def test_summary_mcnemar_p(hand_summary):
+    # discordant pairs: 3 correct only in a (p2, p4, p5), 0 only in b; exact two-sided
+    # binomial: 2 * P(X <= 0 | n = 3, 1/2) = 2 / 8
+    assert hand_summary["mcnemar_p"] == pytest.approx(0.25, abs=1e-12)
+
+
+def test_summary_semantic_agreement(hand_summary):
+    # same answer: p0, p1 (identical), p3 ("4" both); not p2 ("5"/"7"), p4 ("5"/"6"), p5 ("5"/none)
+    assert hand_summary["semantic_agreement"] == pytest.approx(3 / 6, abs=1e-12)
+
+
+def test_summary_exact_agreement(hand_summary):
+    assert hand_summary["exact_agreement"] == pytest.approx(2 / 6, abs=1e-12)
+
+
+def test_summary_mean_margin_at_div(hand_summary):
+    # a's margin where a divergence step exists in both: p2 0.25, p4 0.5, p5 0 (p3 has none)
+    assert hand_summary["mean_margin_at_div"] == pytest.approx((0.25 + 0.5 + 0.0) / 3, abs=1e-12)
+
+
+def test_summary_mean_margin_agreed(hand_summary):
+    # a's mean margin over the identical prompts: p0 (1 + 1 + 1) / 3, p1 (1 + 0 + 1) / 3
+    assert hand_summary["mean_margin_agreed"] == pytest.approx((1 + 2 / 3) / 2, abs=1e-12)
+
+
+def test_summary_sigma_z(hand_summary):
+    # root of the mean, over prompts with a step before the divergence, of the per-prompt
+    # mean squared Δ there: p0 0, p1 0.25 / 3, p2 0.0625 / 2, p3 0, p5 0 (p4 has no such step)
+    assert hand_summary["sigma_z"] == pytest.approx(((0.25 / 3 + 0.0625 / 2) / 5) ** 0.5, abs=1e-12)
+
+
+def test_summary_near_tie_rate_a(hand_summary):
+    # a's steps with margin < 1e-3: p1 step 1, p3 step 0, p5 step 1, over 3+3+3+4+1+2 steps
+    assert hand_summary["near_tie_rate_a"] == pytest.approx(3 / 16, abs=1e-12)
+
+
+def test_summary_mean_margin_a(hand_summary):
+    # mean over prompts of a's mean margin: 1, 2/3, 0.75, 0.75, 0.5, 0.5
+    assert hand_summary["mean_margin_a"] == pytest.approx((1 + 2 / 3 + 0.75 + 0.75 + 0.5 + 0.5) / 6, abs=1e-12)
+
+
+def test_summary_mean_cascade_length(hand_summary):
+    # a's tokens from the divergence on: p2 3-2, p3 4-2, p4 1-0, p5 2-1
+    assert hand_summary["mean_cascade_length"] == pytest.approx((1 + 2 + 1 + 1) / 4, abs=1e-12)
+
+
+def test_summary_n_length_differs(hand_summary):
+    assert hand_summary["n_length_differs"] == 1  # p3
+
+
+def test_summary_mean_abs_length_diff(hand_summary):
+    # over the diverged prompts: |3-3|, |4-2|, |1-1|, |2-2|
+    assert hand_summary["mean_abs_length_diff"] == pytest.approx(2 / 4, abs=1e-12)
+
+
+def test_summary_n_correctness_flips(hand_summary):
+    assert hand_summary["n_correctness_flips"] == 3  # p2, p4, p5
