@@ -118,8 +118,19 @@ def cell_row(cell: Cell, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any
         cv_margin=float(std_margin / mean_margin) if mean_margin and std_margin is not None else float("nan"))
 
 
+def triggered_prompts(table: pa.Table) -> set[str]:
+    """Prompts on which an intervention fired at least once."""
+    column = table.column("intervened").combine_chunks()
+    flat = np.asarray(pc.list_flatten(column).to_numpy(zero_copy_only=False), dtype=bool)
+    parents = np.asarray(pc.list_parent_indices(column))
+    hit = np.zeros(table.num_rows, dtype=bool)
+    hit[parents[flat]] = True
+    return {pid for pid, fired in zip(table.column("prompt_id").to_pylist(), hit) if fired}
+
+
 def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked) -> tuple[list[dict], dict[str, dict]]:
-    """One row per planned cell (missing ones included), and the metadata of the usable ones."""
+    """One row per planned cell (missing ones included), and the metadata of the usable ones
+    (with the prompts its intervention fired on, under `_triggered`)."""
     rows, metas = [], {}
     for cell in expand_cells(config):
         path = layout.cell(cell.id)
@@ -128,7 +139,7 @@ def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked) -> tu
             try:
                 table, meta = check_cell(path, cell, cell_job(config, cell).to_json())
                 row.update(cell_row(cell, table, meta))
-                metas[cell.id] = meta
+                metas[cell.id] = {**meta, "_triggered": triggered_prompts(table)}
             except ResultError as exc:
                 checked.refuse(path, str(exc))
                 row.update(status="refused", error=str(exc))
@@ -240,11 +251,14 @@ def _paired_bootstrap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def intervention_rows(config: dict[str, Any], agreement: dict[str, pd.DataFrame],
-                      cells: pd.DataFrame) -> list[dict[str, Any]]:
+                      cells: pd.DataFrame, metas: dict[str, dict] | None = None) -> list[dict[str, Any]]:
     """Each intervention against no intervention for the same precision pair and every
     other axis equal: exact agreement, lift with a paired bootstrap 90% interval, exact
     McNemar on agreement, trigger rate and the per-token compute overhead of the two
-    cells (paper Table 3, per batch size)."""
+    cells (paper Table 3, per batch size); and the prompts that diverged without it,
+    split as in the paper's Table 4 (§6.3): the intervention fired on them (in either
+    cell) and reconciled the pair, fired without reconciling it, or never fired."""
+    metas = metas or {}
     from .stats import mcnemar_exact
 
     groups: dict[tuple, dict[str, Pair]] = {}
@@ -275,9 +289,20 @@ def intervention_rows(config: dict[str, Any], agreement: dict[str, pd.DataFrame]
                            lift_ci_high=hi, mcnemar_p=mcnemar_exact(x.astype(bool), y.astype(bool)),
                            trigger_rate=float(np.nanmean([trig.get(pair.a.id, np.nan),
                                                           trig.get(pair.b.id, np.nan)])),
-                           overhead=float(cost / base_cost - 1) if base_cost else float("nan"))
+                           overhead=float(cost / base_cost - 1) if base_cost else float("nan"),
+                           **_table4(joined, metas, pair))
             rows.append(row)
     return rows
+
+
+def _table4(joined: pd.DataFrame, metas: dict[str, dict], pair: Pair) -> dict[str, int]:
+    """Baseline-diverged prompts by whether the intervention fired and reconciled them."""
+    fired = set().union(*(metas.get(c.id, {}).get("_triggered", set()) for c in (pair.a, pair.b)))
+    diverged = joined[~joined["agree_base"].astype(bool)]
+    hit = diverged.index.isin(list(fired))
+    reconciled = diverged["agree_int"].astype(bool).to_numpy()
+    return {"n_base_diverged": int(len(diverged)), "n_triggered_reconciled": int((hit & reconciled).sum()),
+            "n_triggered_not_reconciled": int((hit & ~reconciled).sum()), "n_not_triggered": int((~hit).sum())}
 
 
 def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
@@ -310,7 +335,7 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
         "first_divergence": pd.DataFrame(first_div, columns=[
             "pair_id", "label", "axis", "context", "model", "benchmark", "prompt_id", "first_div_step",
             "margin_a_at_div", "margin_b_at_div"]),
-        "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df)),
+        "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df, metas)),
         "environment": pd.DataFrame(environment_rows(metas), columns=["kind", "name", "json"]),
         **probe_frames(config, layout, checked),
     }
