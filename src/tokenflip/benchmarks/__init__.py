@@ -15,6 +15,7 @@ from .humaneval import HumanEvalBenchmark
 from .math500 import Math500Benchmark
 from .math_equiv import Verdict, last_boxed, math_equal, normalize_math
 from .mbpp import MBPPBenchmark
+from .onestep import OneStepBenchmark
 from .sources import Source, parse_source
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "MathBenchmark",
     "CodeBenchmark",
     "ArithmeticBenchmark",
+    "OneStepBenchmark",
     "GSM8KBenchmark",
     "HumanEvalBenchmark",
     "MBPPBenchmark",
@@ -52,6 +54,7 @@ __all__ = [
 # The benchmark kinds a config may name: one line per kind.
 BENCHMARKS: Registry[type[Benchmark]] = Registry("benchmark kind", [
     ArithmeticBenchmark,
+    OneStepBenchmark,
     GSM8KBenchmark,
     HumanEvalBenchmark,
     MBPPBenchmark,
