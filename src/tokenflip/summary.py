@@ -281,7 +281,7 @@ def intervention_rows(config: dict[str, Any], agreement: dict[str, pd.DataFrame]
                    "b": pair.b.precision, "intervention": name, "pair_id": pair.id,
                    "status": "done" if pair.id in agreement else "missing"}
             if pair.id in agreement:
-                joined = base.join(agreement[pair.id], lsuffix="_base", rsuffix="_int", how="inner")
+                joined = base.add_suffix("_base").join(agreement[pair.id].add_suffix("_int"), how="inner")
                 x, y = joined["agree_int"].to_numpy(float), joined["agree_base"].to_numpy(float)
                 lo, hi = _paired_bootstrap(x, y)
                 cost = per_token.get(pair.a.id, np.nan) + per_token.get(pair.b.id, np.nan)
