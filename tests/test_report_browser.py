@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import fcntl
 import json
 import os
 import queue
@@ -117,8 +118,12 @@ class DevTools:
         self._from_browser, from_browser_w = os.pipe()
 
         def child_fds():
-            os.dup2(to_browser_r, 3)
-            os.dup2(from_browser_w, 4)
+            # Through copies above 4: where the pipes themselves got fds 3 and 4 (a process
+            # with few files open), dup2 onto themselves would keep them close-on-exec.
+            read_end = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10)
+            write_end = fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
+            os.dup2(read_end, 3)
+            os.dup2(write_end, 4)
 
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
@@ -253,24 +258,47 @@ NARROW_PROBE = """(() => ({
 }))()"""
 
 
+def open_page(tools: DevTools, path: Path, viewport: tuple[int, int] = VIEWPORT) -> tuple[str, int, float]:
+    """Open `path` from file:// in a new tab of that size with the Runtime, Log, Network and
+    Page events on; returns (session, index of its first event, seconds until loaded)."""
+    target = tools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = tools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    for domain in ("Runtime", "Log", "Network", "Page"):
+        tools.send(f"{domain}.enable", session=session)
+    tools.send("Emulation.setDeviceMetricsOverride", {"width": viewport[0], "height": viewport[1],
+                                                      "deviceScaleFactor": 1, "mobile": False}, session=session)
+    start = len(tools.events)
+    t0 = time.monotonic()
+    nav = tools.send("Page.navigate", {"url": path.resolve().as_uri()}, session=session)
+    assert "errorText" not in nav, nav
+    tools.wait_for("Page.loadEventFired", session=session, timeout=60)
+    loaded = time.monotonic() - t0
+    tools.settle()
+    return session, start, loaded
+
+
+def page_problems(events: list[dict], url: str) -> dict[str, list]:
+    """Console errors, exceptions, error log entries and requests for anything but `url`
+    (data: URLs, the figures' embedded images, are part of the file)."""
+    return {
+        "console": [e["params"] for e in events if e["method"] == "Runtime.consoleAPICalled"
+                    and e["params"]["type"] in ("error", "assert")],
+        "exceptions": [e["params"]["exceptionDetails"] for e in events if e["method"] == "Runtime.exceptionThrown"],
+        "log": [e["params"]["entry"] for e in events if e["method"] == "Log.entryAdded"
+                and e["params"]["entry"]["level"] == "error"],
+        "requests": [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"
+                     and e["params"]["request"]["url"] != url
+                     and not e["params"]["request"]["url"].startswith("data:")],
+    }
+
+
 @pytest.fixture(scope="module")
 def browser_page(chromium, run, tmp_path_factory) -> dict[str, Any]:
     """Load the report in headless Chromium; returns what the page and the protocol saw."""
     tools = DevTools(chromium, tmp_path_factory.mktemp("chromium-profile"))
     try:
-        target = tools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = tools.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Runtime", "Log", "Network", "Page"):
-            tools.send(f"{domain}.enable", session=session)
-        tools.send("Emulation.setDeviceMetricsOverride", {"width": VIEWPORT[0], "height": VIEWPORT[1],
-                                                          "deviceScaleFactor": 1, "mobile": False},
-                   session=session)
-        start = len(tools.events)
         url = run["report"].resolve().as_uri()
-        nav = tools.send("Page.navigate", {"url": url}, session=session)
-        assert "errorText" not in nav, nav
-        tools.wait_for("Page.loadEventFired", session=session, timeout=60)
-        tools.settle()
+        session, start, _ = open_page(tools, run["report"])
         probe = tools.send("Runtime.evaluate", {"expression": PAGE_PROBE, "returnByValue": True},
                            session=session)
         assert "exceptionDetails" not in probe, probe["exceptionDetails"]
@@ -308,23 +336,21 @@ def _pct(x: float) -> str:
 
 def test_report_loads_cleanly_in_chromium(browser_page, artifacts_dir):
     (artifacts_dir / "report.png").write_bytes(browser_page["png"])
-    events = browser_page["events"]
-    console_errors = [e["params"] for e in events if e["method"] == "Runtime.consoleAPICalled"
-                      and e["params"]["type"] in ("error", "assert")]
-    exceptions = [e["params"]["exceptionDetails"] for e in events if e["method"] == "Runtime.exceptionThrown"]
-    log_errors = [e["params"]["entry"] for e in events if e["method"] == "Log.entryAdded"
-                  and e["params"]["entry"]["level"] == "error"]
-    requests = [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
-    assert not console_errors, console_errors
-    assert not exceptions, exceptions
-    assert not log_errors, log_errors
-    assert requests == [browser_page["url"]], f"the report must request nothing but itself: {requests}"
+    problems = page_problems(browser_page["events"], browser_page["url"])
+    assert not problems["console"], problems["console"]
+    assert not problems["exceptions"], problems["exceptions"]
+    assert not problems["log"], problems["log"]
+    # Nothing but the file itself (its figures' embedded images are data: URLs).
+    assert not problems["requests"], f"the report must request nothing but itself: {problems['requests']}"
+    requested = [e["params"]["request"]["url"] for e in browser_page["events"]
+                 if e["method"] == "Network.requestWillBeSent"]
+    assert requested[0] == browser_page["url"], requested[:3]
     assert browser_page["png"][:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_every_section_and_figure_renders(browser_page, run):
     page = browser_page["page"]
-    expected = {"headline", "pairs", "figures", "cells", "provenance", "definitions"}
+    expected = {"headline", "overview", "drilldown", "pairs", "figures", "cells", "provenance", "definitions"}
     if (run["summary"] / "kv_steps.parquet").exists() and pq.read_metadata(run["summary"] / "kv_steps.parquet").num_rows:
         expected.add("kv-cache")
     pairs = pq.read_table(run["summary"] / "pairs.parquet").to_pylist()
@@ -360,7 +386,7 @@ def test_dom_numbers_match_the_summary_tables(browser_page, run):
         row = dom_cells[c["cell_id"]]
         assert row[1] == c["status"]
         assert row[3] == _pct(c["accuracy"]) and row[4] == str(c["generated_tokens"])
-        assert row[6].rstrip("…") == c["token_stream_sha256"][:16]
+        assert row[7].rstrip("…") == c["token_stream_sha256"][:16]
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -399,3 +425,150 @@ def test_csv_tables_match_the_rendered_dom(browser_page, run):
     precision = _read_csv(tables / "precision.csv")
     dom_prec = browser_page["page"]["tables"]["precision-table"]["rows"]
     assert [r[5].split(" ")[0] for r in dom_prec] == [_pct(float(r["exact_agreement"])) for r in precision]
+
+
+# ------------------------------------------------------------------- a large study's report
+
+
+LARGE_VIEWPORT = (1400, 900)
+
+# Per overview figure: its box and, for every pair of its text elements (tick labels, cell
+# annotations, titles: matplotlib writes each as <g id="text_N">) whose boxes intersect by
+# more than a pixel each way, their texts' ids.
+OVERVIEW_PROBE = """(() => {
+  const out = {};
+  for (const fig of document.querySelectorAll("#overview figure")) {
+    const svg = fig.querySelector("svg"), box = svg.getBoundingClientRect();
+    const texts = [...svg.querySelectorAll('g[id^="text_"]')].filter(g => !g.querySelector('g[id^="text_"]'))
+      .map(g => [g.id, g.getBoundingClientRect()]).filter(([, r]) => r.width > 0 && r.height > 0);
+    const overlaps = [];
+    for (let i = 0; i < texts.length; i++)
+      for (let j = i + 1; j < texts.length; j++) {
+        const [a, r] = texts[i], [b, s] = texts[j];
+        const dx = Math.min(r.right, s.right) - Math.max(r.left, s.left);
+        const dy = Math.min(r.bottom, s.bottom) - Math.max(r.top, s.top);
+        if (dx > 1 && dy > 1) overlaps.push([a, b]);
+      }
+    out[fig.id] = {width: box.width, height: box.height, right: box.right, texts: texts.length, overlaps,
+                   links: [...svg.querySelectorAll("a")].map(a => a.getAttribute("xlink:href") || a.getAttribute("href"))};
+  }
+  return {figures: out, viewportWidth: innerWidth, pageWidth: document.documentElement.scrollWidth};
+})()"""
+
+# A click on a model's name in the divergence heatmap: afterwards, the pair rows shown and
+# the drill-down's status line.
+DRILL_PROBE = """new Promise(done => {
+  window.addEventListener("hashchange", () => setTimeout(() => done({
+    hash: location.hash,
+    first: [...document.querySelectorAll("#pairs-table tbody tr")].map(tr => tr.dataset.pair),
+    count: document.querySelector("#pairs .table-tools span").textContent,
+    pairs: (document.querySelector("#pairs .show-all").click(),
+            [...document.querySelectorAll("#pairs-table tbody tr")].map(tr => tr.dataset.pair)),
+    drill: [...document.querySelectorAll("#drilldown-table tbody tr")].map(tr => tr.cells[0].textContent.trim()),
+    cells: [...document.querySelectorAll("#cells-table tbody tr")].map(tr => tr.cells[0].textContent.trim()),
+    status: document.getElementById("drill-status").textContent,
+    title: document.getElementById("drill-title").textContent,
+    drilldownTop: document.getElementById("drilldown").getBoundingClientRect().top,
+  }), 0), {once: true});
+  const link = [...document.querySelectorAll("#ov-divergence svg a")]
+    .find(a => (a.getAttribute("xlink:href") || a.getAttribute("href")) === "#model=m3");
+  link.dispatchEvent(new MouseEvent("click", {bubbles: true, cancelable: true}));
+})"""
+
+
+@pytest.fixture(scope="module")
+def large_report(tmp_path_factory) -> dict[str, Any]:
+    """perf/report_scale.py's synthetic study (960 cells, 1,520 pairs, both probes at 30
+    layers x 10 models) as summary tables, rendered by `tokenflip.report.render`."""
+    import sys
+
+    from tokenflip.report import render
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
+    import report_scale
+
+    root = tmp_path_factory.mktemp("large-report")
+    config = report_scale.write_synthetic_summaries(root / "summary")
+    t0 = time.monotonic()
+    report = render(root / "summary", root / "report" / "index.html", config)
+    return {"report": report, "summary": root / "summary", "seconds": time.monotonic() - t0}
+
+
+@pytest.fixture(scope="module")
+def large_page(chromium, large_report, tmp_path_factory) -> dict[str, Any]:
+    """The large report in Chromium at 1400 px: the overview's figures, sorting and filtering
+    the pairs table, a drill-down from the overview, and a screenshot of the overview."""
+    import report_scale
+
+    tools = DevTools(chromium, tmp_path_factory.mktemp("chromium-profile-large"))
+    try:
+        url = large_report["report"].resolve().as_uri()
+        session, start, _ = open_page(tools, large_report["report"], LARGE_VIEWPORT)
+
+        def evaluate(expression: str) -> Any:
+            answer = tools.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                     "awaitPromise": True}, session=session, timeout=60)
+            assert "exceptionDetails" not in answer, answer["exceptionDetails"]
+            return answer["result"]["value"]
+
+        overview = evaluate(OVERVIEW_PROBE)
+        top, height = evaluate("(() => { const r = document.getElementById('overview').getBoundingClientRect();"
+                               " return [r.top + scrollY, r.height]; })()")
+        shot = tools.send("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": LARGE_VIEWPORT[0], "height": top + height, "scale": 1}},
+            session=session, timeout=60)
+        interaction = evaluate(report_scale.INTERACTION_PROBE)
+        drill = evaluate(DRILL_PROBE)
+        events = [e for e in tools.events[start:] if e.get("sessionId") == session]
+    finally:
+        tools.close()
+    return {"url": url, "overview": overview, "interaction": interaction, "drill": drill,
+            "problems": page_problems(events, url), "png": base64.b64decode(shot["data"])}
+
+
+def test_large_report_renders_within_budget(large_report):
+    assert large_report["seconds"] < 60, large_report["seconds"]
+    assert large_report["report"].stat().st_size < 10e6
+    pairs = pq.read_metadata(large_report["summary"] / "pairs.parquet").num_rows
+    cells = pq.read_metadata(large_report["summary"] / "cells.parquet").num_rows
+    assert (cells, pairs) == (960, 1520)
+
+
+def test_large_report_overview_is_legible(large_page, artifacts_dir):
+    (artifacts_dir / "report-large-overview.png").write_bytes(large_page["png"])
+    assert large_page["png"][:8] == b"\x89PNG\r\n\x1a\n"
+    problems = large_page["problems"]
+    assert not any(problems.values()), problems
+    overview = large_page["overview"]
+    figures = overview["figures"]
+    assert {"ov-divergence", "ov-ear", "ov-lift", "ov-kv-drift", "ov-precision-drift", "ov-grafting",
+            "ov-lens"} <= set(figures), list(figures)
+    assert overview["pageWidth"] <= overview["viewportWidth"]
+    for name, fig in figures.items():
+        assert fig["texts"] > 10, (name, fig)
+        assert not fig["overlaps"], (name, fig["overlaps"])
+        assert fig["height"] <= 2 * LARGE_VIEWPORT[1] and fig["right"] <= overview["viewportWidth"], (name, fig)
+        # Every model's row label leads to its drill-down.
+        assert {f"#model=m{i}" for i in range(10)} <= set(fig["links"]), (name, fig["links"])
+
+
+def test_large_pairs_table_sorts_and_filters_quickly(large_page):
+    i = large_page["interaction"]
+    assert i["rows"] == 1520
+    assert max(*i["sortMs"], i["filterMs"], i["clearMs"]) < 200, i
+    # 'm3' matches its 152 pairs; 100 rows at a time are shown, the rest behind "show all".
+    assert i["filteredRows"] == "100 shown; 152 of 1520 rows, first 100 shown", i
+    assert i["clearedRows"] == "100 shown; 1520 rows, first 100 shown", i
+
+
+def test_large_report_drills_down_to_a_model_from_the_overview(large_page, large_report):
+    drill = large_page["drill"]
+    pairs = pq.read_table(large_report["summary"] / "pairs.parquet", columns=["pair_id", "model"]).to_pylist()
+    assert drill["hash"] == "#model=m3"
+    assert drill["count"] == "152 of 1520 rows, first 100 shown" and len(drill["first"]) == 100
+    assert sorted(drill["pairs"]) == sorted(p["pair_id"] for p in pairs if p["model"] == "m3")
+    assert drill["drill"] and set(drill["drill"]) == {"m3"}
+    assert drill["cells"] and all(c.startswith("m3/") for c in drill["cells"])
+    assert "model m3" in drill["status"] and drill["title"] == "model m3"
+    assert abs(drill["drilldownTop"]) < 60, drill["drilldownTop"]  # scrolled to the drill-down

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from . import storage  # noqa: E402
+from . import stats, storage  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="paper")
 
@@ -60,16 +60,39 @@ def _svg(fig) -> str:
     plt.close(fig)
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]
+    # Links within the page (a heatmap's row label to its drill-down) open in place.
+    svg = re.sub(r'(<a xlink:href="#[^"]*") target="_blank"', r"\1", svg)
     head, rest = svg.split(">", 1)
     head = re.sub(r'\b(width|height)="([0-9.]+)pt"',
                   lambda m: f'{m.group(1)}="{float(m.group(2)) * FIGURE_SCALE:.1f}pt"', head)
     return f"{head}>{rest}"
 
 
+# Figures drawn per pair, per model or per point stay as they are up to these sizes; above
+# them they aggregate (per condition, over models) or rasterise their points, so that a
+# study of thousands of pairs keeps figures of the same height and a file of a few MB.
+MAX_PAIR_ROWS = 24
+MAX_MODEL_STYLES = 4
+MAX_VECTOR_POINTS = 2000
+
+
 def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str | None:
-    """Where sequences part: first divergence step of every diverged prompt, per pair."""
+    """Where sequences part: first divergence step of every diverged prompt, per pair (per
+    condition, as box plots, when there are more pairs than fit in a figure)."""
     if first_div.empty:
         return None
+    if first_div["pair_id"].nunique() > MAX_PAIR_ROWS:
+        data = first_div.merge(pairs[["pair_id", *[c for c in ("precision", "a", "b") if c not in first_div]]],
+                               on="pair_id", how="left")
+        data = data.assign(condition=condition_labels(data))
+        order = sorted(data["condition"].unique())
+        fig, ax = plt.subplots(figsize=(6, 0.35 * len(order) + 1.0))
+        sns.boxplot(data=data, x="first_div_step", y="condition", order=order, hue="axis", showfliers=False,
+                    ax=ax, dodge=False)
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+        ax.set_xlabel("first divergence step (generated tokens), all pairs of each condition")
+        ax.set_ylabel("")
+        return _svg(fig)
     order = [p for p in pairs.sort_values(["axis", "label", "context"])["pair_id"]
              if p in set(first_div["pair_id"])]
     labels = {r.pair_id: f"{r.label}\n[{r.context}]" for r in pairs.itertuples()}
@@ -81,6 +104,12 @@ def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str
     ax.set_xlabel("first divergence step (generated tokens)")
     ax.set_ylabel("")
     return _svg(fig)
+
+
+def _model_style(data: pd.DataFrame) -> str | None:
+    """One line style per model for a few models; above that the lines pool the models
+    (the overview's heatmaps show them one by one)."""
+    return "model" if data["model"].nunique() <= MAX_MODEL_STYLES else None
 
 
 def margin_figure(first_div: pd.DataFrame) -> str | None:
@@ -173,8 +202,8 @@ def kl_figure(steps: pd.DataFrame) -> str | None:
         return None
     data = steps.assign(kl_plot=steps["kl"].clip(lower=1e-20))
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    sns.lineplot(data=data, x="step", y="kl_plot", hue="precision", style="model", errorbar=("pi", 100),
-                 estimator="median", ax=ax)
+    sns.lineplot(data=data, x="step", y="kl_plot", hue="precision", style=_model_style(data),
+                 errorbar=("pi", 100), estimator="median", ax=ax)
     ax.set_yscale("log")
     ax.set_ylabel("KL(ON‖OFF) per step (median, range)")
     ax.set_xlabel("generated token")
@@ -190,7 +219,8 @@ def flip_kl_figure(steps: pd.DataFrame) -> str | None:
                         outcome=steps["flip"].map({True: "argmax flips", False: "same argmax"}))
     fig, ax = plt.subplots(figsize=(6, 3.6))
     sns.scatterplot(data=data, x="kl_plot", y="margin_plot", hue="outcome", style="precision",
-                    hue_order=["same argmax", "argmax flips"], s=18, alpha=0.7, ax=ax)
+                    hue_order=["same argmax", "argmax flips"], s=18, alpha=0.7, ax=ax,
+                    rasterized=len(data) > MAX_VECTOR_POINTS)
     flips = data[data["flip"]]
     if not flips.empty:
         ax.axhline(float(flips["max_abs_dlogit"].max()), color="gray", ls="--", lw=0.8)
@@ -208,7 +238,7 @@ def drift_figure(layers: pd.DataFrame) -> str | None:
     data = layers.groupby(["model", "precision", "layer"], as_index=False)["l2"].mean()
     data = data.assign(l2_plot=data["l2"].clip(lower=1e-12))
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    sns.lineplot(data=data, x="layer", y="l2_plot", hue="precision", style="model", marker="o", ax=ax)
+    sns.lineplot(data=data, x="layer", y="l2_plot", hue="precision", style=_model_style(data), marker="o", ax=ax)
     ax.set_yscale("log")
     ax.set_ylabel("mean ‖h_ON − h_OFF‖₂ over steps and prompts")
     return _svg(fig)
@@ -270,7 +300,8 @@ def batch_figure(interventions: pd.DataFrame) -> str | None:
     if data.empty or data["batch_size"].nunique() < 2:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    sns.lineplot(data=data, x="batch_size", y="ear", hue="intervention", style="model", marker="o", ax=ax)
+    sns.lineplot(data=data, x="batch_size", y="ear", hue="intervention", style=_model_style(data), marker="o",
+                 ax=ax)
     ax.set_xscale("log", base=2)
     ax.set_ylabel("EAR")
     return _svg(fig)
@@ -301,7 +332,7 @@ def precision_drift_figure(layers: pd.DataFrame) -> str | None:
     data = layers.groupby(["model", "a", "b", "layer"], as_index=False)["l2"].mean()
     data = data.assign(pair=data["a"] + " vs " + data["b"], l2_plot=data["l2"].clip(lower=1e-12))
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    sns.lineplot(data=data, x="layer", y="l2_plot", hue="pair", style="model", marker="o", ax=ax)
+    sns.lineplot(data=data, x="layer", y="l2_plot", hue="pair", style=_model_style(data), marker="o", ax=ax)
     ax.set_yscale("log")
     ax.set_ylabel("mean ‖h_a − h_b‖₂")
     return _svg(fig)
@@ -334,6 +365,259 @@ def cv_heuristic(cells: pd.DataFrame, interventions: pd.DataFrame) -> list[dict[
     return out
 
 
+# --- overview: the headline results as heatmaps that keep their size as the study grows ---
+
+# Heatmap geometry (inches before FIGURE_SCALE): a cell with a two-line annotation, a
+# cell without one, and the height of a row; rows shrink down to MIN_ROW for tall maps
+# so that no figure grows past about one screen.
+ANNOTATED_CELL = (0.86, 0.46)
+PLAIN_CELL_WIDTH = 0.16
+MIN_ROW = 0.2
+MAX_HEATMAP_HEIGHT = 7.5
+MAX_ANNOTATED_CELLS = 400
+
+
+def condition_labels(rows: pd.DataFrame) -> pd.Series:
+    """What a pair compares, without model and benchmark: 'axis: a vs b', plus the shared
+    precision where the study varies it (cache ON vs OFF in fp32 is another finding than
+    in fp16)."""
+    base = rows["axis"].astype(str) + ": " + rows["a"].astype(str) + " vs " + rows["b"].astype(str)
+    if "precision" not in rows:
+        return base
+    varied = rows.groupby("axis")["precision"].transform(lambda p: p.nunique() > 1)
+    with_precision = varied & rows["precision"].notna() & (rows["axis"] != "precision")
+    return base.where(~with_precision, base + " · " + rows["precision"].astype(str))
+
+
+def _model_links(labels: list[str], models: set[str]) -> list[str | None]:
+    """The drill-down link of each heatmap row label that names (or starts with) a model."""
+    return [f"#model={label.split(' · ')[0]}" if label.split(" · ")[0] in models else None for label in labels]
+
+
+def heatmap(values: pd.DataFrame, *, cmap: str, label: str, annotations: pd.DataFrame | None = None,
+            vmin: float | None = None, vmax: float | None = None, log: bool = False, center: float | None = None,
+            xlabel: str = "", ylabel: str = "", row_links: list[str | None] | None = None) -> str:
+    """One heatmap (rows x columns of `values`) as inline SVG, sized by its shape: row labels
+    are links to the drill-down where `row_links` says so."""
+    from matplotlib.colors import LogNorm
+
+    n_rows, n_cols = values.shape
+    annotate = annotations is not None and values.size <= MAX_ANNOTATED_CELLS
+    cell_w = ANNOTATED_CELL[0] if annotate else PLAIN_CELL_WIDTH
+    row_h = max(MIN_ROW, min(ANNOTATED_CELL[1] if annotate else 0.3, MAX_HEATMAP_HEIGHT / max(n_rows, 1)))
+    fig, ax = plt.subplots(figsize=(max(2.5, cell_w * n_cols + 1.2), row_h * n_rows + 0.9))
+    norm = None
+    if log:
+        positive = values[values > 0].stack()
+        low = float(positive.min()) if len(positive) else 1e-12
+        norm = LogNorm(vmin=low, vmax=max(float(values.max().max()), low * 10))
+        values = values.clip(lower=low)
+    sns.heatmap(values.astype(float), ax=ax, cmap=cmap, norm=norm, vmin=None if log else vmin,
+                vmax=None if log else vmax, center=center, annot=annotations.to_numpy() if annotate else False,
+                fmt="", annot_kws={"fontsize": 7.5}, linewidths=0.5, linecolor="white",
+                cbar_kws={"label": label, "shrink": 0.8 if n_rows > 4 else 1.0})
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.tick_params(axis="y", rotation=0)
+    # Column labels one part per line ("axis: a vs b · precision"), never rotated: long
+    # labels stay as wide as their cell instead of overlapping their neighbours.
+    ax.set_xticks(ax.get_xticks(), [_column_label(t.get_text()) for t in ax.get_xticklabels()], rotation=0)
+    if annotate:
+        ax.tick_params(axis="x", labelsize=7.5)
+    elif n_cols > 12:
+        ax.tick_params(axis="x", labelsize=7)
+    for text, link in zip(ax.get_yticklabels(), row_links or [], strict=False):
+        if link:
+            text.set_url(link)
+    return _svg(fig)
+
+
+def _batch(size: Any) -> str:
+    """A batch size as written in the config (the summary stores it as float beside None)."""
+    return str(int(size)) if isinstance(size, (int, float)) and not math.isnan(size) else str(size)
+
+
+def _column_label(label: str, width: int = 11) -> str:
+    """A heatmap column label one part per line ("axis: a vs b · precision"), long parts
+    broken after "vs", so that it is no wider than its cell."""
+    lines = []
+    for part in label.replace(": ", " · ").split(" · "):
+        lines.extend(part.replace(" vs ", " vs\n").split("\n") if len(part) > width else [part])
+    return "\n".join(lines)
+
+
+def _pooled(group: pd.DataFrame) -> pd.Series:
+    n, d = int(group["n_prompts"].sum()), int(group["n_diverged"].sum())
+    low, high = stats.wilson(d, n)
+    return pd.Series({"n": n, "diverged": d, "rate": d / n if n else float("nan"), "low": low, "high": high})
+
+
+def divergence_overview(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Divergence pooled over benchmarks and shared settings, per model x condition, with
+    the Wilson interval of the pooled counts."""
+    done = pairs[pairs["status"] == "done"] if not pairs.empty else pairs
+    if done.empty:
+        return pd.DataFrame()
+    done = done.assign(condition=condition_labels(done))
+    return done.groupby(["model", "condition"], sort=False).apply(_pooled, include_groups=False).reset_index()
+
+
+def divergence_heatmap(pairs: pd.DataFrame) -> str | None:
+    """Paper headline (both papers): share of prompts that diverge, model x condition."""
+    table = divergence_overview(pairs)
+    if table.empty:
+        return None
+    models = list(dict.fromkeys(table["model"]))
+    conditions = sorted(table["condition"].unique())
+    rates = table.pivot(index="model", columns="condition", values="rate").reindex(index=models, columns=conditions)
+    notes = table.assign(note=[f"{100 * r:.0f}%\n{100 * lo:.0f}–{100 * hi:.0f}" for r, lo, hi in
+                               zip(table["rate"], table["low"], table["high"])])
+    notes = notes.pivot(index="model", columns="condition", values="note").reindex(index=models, columns=conditions)
+    return heatmap(rates, annotations=notes.fillna(""), cmap="Reds", vmin=0, vmax=1,
+                   label="divergence rate (95% Wilson CI below)", row_links=_model_links(models, set(models)))
+
+
+def ear_heatmap(pairs: pd.DataFrame) -> str | None:
+    """Paper 2's EAR (exact agreement between two precisions, no intervention) by model x
+    benchmark x batch size, pooled over the other settings."""
+    if pairs.empty:
+        return None
+    prec = pairs[(pairs["axis"] == "precision") & (pairs["status"] == "done")]
+    if "intervention" in prec:
+        prec = prec[prec["intervention"].isin(["none"]) | prec["intervention"].isna()]
+    if prec.empty:
+        return None
+    several = (prec["a"] + prec["b"]).nunique() > 1
+    column = prec["benchmark"] + " · bs " + prec["batch_size"].map(_batch)
+    if several:
+        column = prec["a"] + " vs " + prec["b"] + " · " + column
+    table = prec.assign(column=column).groupby(["model", "column"], sort=False).apply(
+        _pooled, include_groups=False).reset_index()
+    table = table.assign(ear=1 - table["rate"], note=[f"{100 * (1 - r):.0f}%\n{100 * (1 - h):.0f}–{100 * (1 - lo):.0f}"
+                                                      for r, lo, h in zip(table["rate"], table["low"], table["high"])])
+    models = list(dict.fromkeys(table["model"]))
+    columns = list(dict.fromkeys(column.sort_values(key=lambda c: c.str.replace(r"bs (\d+)$", lambda m: f"bs {int(m[1]):04d}",
+                                                                               regex=True))))
+    ear = table.pivot(index="model", columns="column", values="ear").reindex(index=models, columns=columns)
+    notes = table.pivot(index="model", columns="column", values="note").reindex(index=models, columns=columns)
+    return heatmap(ear, annotations=notes.fillna(""), cmap="RdYlGn", vmin=0, vmax=1,
+                   label="exact agreement rate (95% CI below)", row_links=_model_links(models, set(models)))
+
+
+def lift_heatmap(interventions: pd.DataFrame) -> str | None:
+    """Each intervention's EAR lift over no intervention, by model (mean over benchmarks and
+    shared settings, per batch size: the paper's head-only lift fades at large batches)."""
+    if interventions.empty:
+        return None
+    data = interventions[(interventions["status"] == "done") & (interventions["intervention"] != "none")]
+    if data.empty:
+        return None
+    data = data.assign(column=data["intervention"] + " · bs " + data["batch_size"].map(_batch))
+    table = data.groupby(["model", "column"], sort=False).agg(lift=("lift", "mean"), low=("lift_ci_low", "min"),
+                                                              high=("lift_ci_high", "max")).reset_index()
+    table = table.assign(note=[f"{100 * v:+.1f}" for v in table["lift"]])
+    models = list(dict.fromkeys(table["model"]))
+    columns = sorted(table["column"].unique(), key=lambda c: (c.rsplit(" · bs ", 1)[0], int(c.rsplit(" ", 1)[1])))
+    lift = 100 * table.pivot(index="model", columns="column", values="lift").reindex(index=models, columns=columns)
+    notes = table.pivot(index="model", columns="column", values="note").reindex(index=models, columns=columns)
+    bound = max(float(lift.abs().max().max()), 1.0)
+    return heatmap(lift, annotations=notes.fillna(""), cmap="RdBu", vmin=-bound, vmax=bound, center=0,
+                   label="EAR lift over no intervention (pp, mean)", row_links=_model_links(models, set(models)))
+
+
+def layer_heatmap(frame: pd.DataFrame, value: str, label: str, *, by: tuple[str, ...] = (), log: bool = False,
+                  cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None,
+                  rate: bool = False) -> str | None:
+    """A per-layer probe result as a heatmap of (model · `by`) x layer, mean over
+    benchmarks, steps and prompts; layer -1 (the KV cache graft) shows as 'KV'."""
+    if frame.empty:
+        return None
+    rows = frame["model"].astype(str)
+    for column in by:
+        if frame[column].nunique() > 1:
+            rows = rows + " · " + frame[column].astype(str)
+    data = frame.assign(row=rows).groupby(["row", "layer"], sort=False)[value].mean()
+    table = data.unstack("layer")
+    table = table.reindex(columns=sorted(table.columns)) * (100 if rate else 1)
+    table.columns = ["KV" if c == -1 else str(c) for c in table.columns]
+    order = list(dict.fromkeys(rows))
+    return heatmap(table.reindex(order), cmap=cmap, label=label, log=log, vmin=vmin, vmax=vmax, xlabel="layer",
+                   row_links=_model_links(order, set(frame["model"].astype(str))))
+
+
+def overview_figures(pairs: pd.DataFrame, interventions: pd.DataFrame,
+                     probes: dict[str, pd.DataFrame]) -> list[dict[str, str]]:
+    """The overview's figures, in reading order: (id, title, svg, caption) for each the run
+    has data for."""
+    kv_layers, prec_layers = probes.get("kv_layers", pd.DataFrame()), probes.get("precision_layers", pd.DataFrame())
+    grafting, lens = probes.get("precision_grafting", pd.DataFrame()), probes.get("precision_lens", pd.DataFrame())
+    if not prec_layers.empty:
+        prec_layers = prec_layers.assign(pair=prec_layers["a"] + " vs " + prec_layers["b"])
+    if not grafting.empty:
+        grafting = grafting.assign(pair=grafting["a"] + " ← " + grafting["b"], fixed=grafting["fixed"].astype(float))
+    if not lens.empty:
+        lens = lens.assign(pair=lens["a"] + " vs " + lens["b"], top1=lens["top1_agree"].astype(float))
+    specs = [
+        ("ov-divergence", "Divergence rate by model and condition", lambda: divergence_heatmap(pairs),
+         "Share of prompts whose two generated token sequences differ, pooled over benchmarks and shared "
+         "settings, with its 95% Wilson interval. Papers: 100% for cache ON vs OFF in FP16, 49–100% for BF16 vs "
+         "FP16, none in FP32."),
+        ("ov-ear", "Exact agreement (EAR) by model, benchmark and batch size", lambda: ear_heatmap(pairs),
+         "Precision pairs without intervention, pooled over the other settings (paper 2, Table 2)."),
+        ("ov-lift", "Intervention lift by model", lambda: lift_heatmap(interventions),
+         "Mean EAR lift of each intervention over none, in percentage points, per batch size (paper 2, Table 3: "
+         "+22–36 pp at batch size 1, vanishing at 8). Intervals per condition in the interventions table."),
+        ("ov-kv-drift", "Per-layer drift, cache ON vs OFF",
+         lambda: layer_heatmap(kv_layers, "l2", "mean ‖h_ON − h_OFF‖₂", by=("precision",), log=True),
+         "Teacher-forced probe: L2 of the difference of each layer's output (paper 1, Fig. 2)."),
+        ("ov-precision-drift", "Per-layer drift between precisions",
+         lambda: layer_heatmap(prec_layers, "l2", "mean ‖h_a − h_b‖₂", by=("pair",), log=True),
+         "Precision a's trajectory replayed through b: L2 distance of each layer's output (paper 2, §7)."),
+        ("ov-grafting", "Flips fixed by grafting one layer",
+         lambda: layer_heatmap(grafting, "fixed", "flips fixed (%)", by=("pair",), rate=True, cmap="Greens",
+                               vmin=0, vmax=100),
+         "Share of flip steps whose argmax becomes b's after grafting b's output of that layer (KV: the whole "
+         "KV cache) into a (paper 2, Table 8)."),
+        ("ov-lens", "Logit lens: top-1 agreement per layer",
+         lambda: layer_heatmap(lens, "top1", "top-1 agree at flip steps (%)", by=("pair",), rate=True,
+                               cmap="Blues", vmin=0, vmax=100),
+         "Each layer read through the final norm and LM head at flip steps (paper 2, Table 10)."),
+    ]
+    out = []
+    for key, title, draw, caption in specs:
+        svg = draw()
+        if svg:
+            out.append({"id": key, "title": title, "svg": svg, "caption": caption, "width": svg_width_px(svg)})
+    return out
+
+
+def svg_width_px(svg: str) -> int:
+    """The width an inline SVG asks for, in CSS pixels (its captions wrap to it)."""
+    points = float(re.search(r'\bwidth="([0-9.]+)pt"', svg[:svg.index(">")]).group(1))
+    return math.ceil(points * 4 / 3)
+
+
+def drilldown_table(pairs: pd.DataFrame, first_div: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per model x benchmark x condition: pooled divergence with its interval, median first
+    divergence step and accuracy of both sides; the table the drill-down filters."""
+    done = pairs[pairs["status"] == "done"] if not pairs.empty else pairs
+    if done.empty:
+        return []
+    done = done.assign(condition=condition_labels(done))
+    keys = ["model", "benchmark", "condition"]
+    table = done.groupby(keys, sort=False).apply(_pooled, include_groups=False).reset_index()
+    extra = done.groupby(keys, sort=False).agg(pairs=("pair_id", "size"), accuracy_a=("accuracy_a", "mean"),
+                                              accuracy_b=("accuracy_b", "mean"),
+                                              max_abs_dlogit=("max_abs_dlogit", "max")).reset_index()
+    table = table.merge(extra, on=keys)
+    if not first_div.empty:
+        steps = first_div.merge(done[["pair_id", "condition"]], on="pair_id").groupby(keys)["first_div_step"].median()
+        table = table.merge(steps.rename("median_first_div_step").reset_index(), on=keys, how="left")
+    else:
+        table = table.assign(median_first_div_step=float("nan"))
+    return table.sort_values(keys).to_dict("records")
+
+
 def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
            title: str | None = None, partial: bool = False) -> Path:
     summary_dir, out_path = Path(summary_dir), Path(out_path)
@@ -350,6 +634,9 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     interventions_df = _read_optional(summary_dir / "interventions.parquet")
     precision_rows = precision_table(pairs_df)
     prec_steps = _read_optional(summary_dir / "precision_steps.parquet")
+    prec_layers = _read_optional(summary_dir / "precision_layers.parquet")
+    grafting = _read_optional(summary_dir / "precision_grafting.parquet")
+    lens = _read_optional(summary_dir / "precision_lens.parquet")
     context = dict(
         title=(title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}")
         + (" (partial: some jobs failed)" if partial else ""),
@@ -368,9 +655,9 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         fig_interventions=intervention_figure(interventions_df),
         fig_batch=batch_figure(interventions_df),
         cv_rows=cv_heuristic(cells_df, interventions_df),
-        grafting_rows=grafting_table(_read_optional(summary_dir / "precision_grafting.parquet")),
-        lens_rows=lens_table(_read_optional(summary_dir / "precision_lens.parquet")),
-        fig_precision_drift=precision_drift_figure(_read_optional(summary_dir / "precision_layers.parquet")),
+        grafting_rows=grafting_table(grafting),
+        lens_rows=lens_table(lens),
+        fig_precision_drift=precision_drift_figure(prec_layers),
         precision_probe_flips=int(prec_steps["flip"].sum()) if not prec_steps.empty else 0,
         precision_probe_steps=len(prec_steps),
         kv=kv_claims(kv_rows),
@@ -384,6 +671,12 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         probe_flips=int(kv_steps["flip"].sum()) if not kv_steps.empty else 0,
         probe_steps=len(kv_steps),
         environment=environment,
+        overview=overview_figures(pairs_df, interventions_df, {
+            "kv_layers": kv_layers, "precision_layers": prec_layers, "precision_grafting": grafting,
+            "precision_lens": lens}),
+        drilldown_rows=drilldown_table(pairs_df, first_df),
+        models=list(dict.fromkeys(cells_df["model"])) if not cells_df.empty else [],
+        benchmarks=list(dict.fromkeys(cells_df["benchmark"])) if not cells_df.empty else [],
         config_yaml=json.dumps(config, indent=2, sort_keys=True, default=str),
     )
     html = _TEMPLATES.get_template("report.html.j2").render(**context)
