@@ -95,6 +95,30 @@ def _new_cache(model):
     return DynamicCache(config=model.config.get_text_config(decoder=True))
 
 
+class _Sequences:
+    """The growing batch: token ids, position ids and (for padded batches) the attention
+    mask, with the inputs of each step as `generate()` builds them."""
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        self.ids = input_ids
+        positions = attention_mask.long().cumsum(-1) - 1
+        self.positions = positions.masked_fill(attention_mask == 0, 0)
+        # generate() drops an all-ones mask, which selects a different attention path.
+        self.mask = None if bool((attention_mask == 1).all()) else attention_mask
+
+    def step_inputs(self, step: int, use_cache: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """With a cache, only the newest token after the prefill; without, the whole prefix."""
+        if use_cache and step > 0:
+            return self.ids[:, -1:], self.positions[:, -1:]
+        return self.ids, self.positions
+
+    def append(self, chosen: torch.Tensor) -> None:
+        self.ids = torch.cat([self.ids, chosen[:, None]], dim=-1)
+        self.positions = torch.cat([self.positions, self.positions[:, -1:] + 1], dim=-1)
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, self.mask.new_ones((self.ids.shape[0], 1))], dim=-1)
+
+
 @torch.inference_mode()
 def decode(
     model,
@@ -115,28 +139,19 @@ def decode(
     shape, and therefore the arithmetic of the other rows, is what users run.
     """
     device = model.device
-    input_ids = input_ids.to(device)
-    attention_mask = attention_mask.to(device)
+    seqs = _Sequences(input_ids.to(device), attention_mask.to(device))
     batch = input_ids.shape[0]
-    position_ids = attention_mask.long().cumsum(-1) - 1
-    position_ids = position_ids.masked_fill(attention_mask == 0, 0)
-    # generate() drops an all-ones mask, which selects a different attention path.
-    mask = None if bool((attention_mask == 1).all()) else attention_mask
     cache = _new_cache(model) if use_cache else None
     eos = torch.tensor(sorted(set(eos_token_ids)), device=device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     generations = [Generation() for _ in range(batch)]
-    ids = input_ids
     start = time.perf_counter()
     steps = 0
     for step in range(max_new_tokens):
-        if use_cache and step > 0:
-            step_ids, step_pos = ids[:, -1:], position_ids[:, -1:]
-        else:
-            step_ids, step_pos = ids, position_ids
+        step_ids, step_pos = seqs.step_inputs(step, use_cache)
         if hooks is not None:
             cache = hooks.before(step, cache)
-        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, cache=cache,
+        out = model(input_ids=step_ids, attention_mask=seqs.mask, position_ids=step_pos, cache=cache,
                     use_cache=use_cache, logits_to_keep=1, return_dict=True)
         if use_cache:
             cache = out.cache
@@ -148,10 +163,7 @@ def decode(
         fired = getattr(model.get_output_embeddings(), "fired", None)
         _record(generations, logits, chosen, unfinished, record_top_k, fired)
         chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_token_id))
-        ids = torch.cat([ids, chosen[:, None]], dim=-1)
-        position_ids = torch.cat([position_ids, position_ids[:, -1:] + 1], dim=-1)
-        if mask is not None:
-            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
+        seqs.append(chosen)
         steps += 1
         hit_eos = torch.isin(chosen, eos) & unfinished
         for row in torch.nonzero(hit_eos).flatten().tolist():
