@@ -474,7 +474,7 @@ def divergence_heatmap(pairs: pd.DataFrame) -> str | None:
                                zip(table["rate"], table["low"], table["high"])])
     notes = notes.pivot(index="model", columns="condition", values="note").reindex(index=models, columns=conditions)
     return heatmap(rates, annotations=notes.fillna(""), cmap="Reds", vmin=0, vmax=1,
-                   label="divergence rate (95% Wilson CI below)", row_links=_model_links(models, set(models)))
+                   label="divergence rate", row_links=_model_links(models, set(models)))
 
 
 def ear_heatmap(pairs: pd.DataFrame) -> str | None:
@@ -501,7 +501,7 @@ def ear_heatmap(pairs: pd.DataFrame) -> str | None:
     ear = table.pivot(index="model", columns="column", values="ear").reindex(index=models, columns=columns)
     notes = table.pivot(index="model", columns="column", values="note").reindex(index=models, columns=columns)
     return heatmap(ear, annotations=notes.fillna(""), cmap="RdYlGn", vmin=0, vmax=1,
-                   label="exact agreement rate (95% CI below)", row_links=_model_links(models, set(models)))
+                   label="EAR", row_links=_model_links(models, set(models)))
 
 
 def lift_heatmap(interventions: pd.DataFrame) -> str | None:
@@ -522,7 +522,7 @@ def lift_heatmap(interventions: pd.DataFrame) -> str | None:
     notes = table.pivot(index="model", columns="column", values="note").reindex(index=models, columns=columns)
     bound = max(float(lift.abs().max().max()), 1.0)
     return heatmap(lift, annotations=notes.fillna(""), cmap="RdBu", vmin=-bound, vmax=bound, center=0,
-                   label="EAR lift over no intervention (pp, mean)", row_links=_model_links(models, set(models)))
+                   label="EAR lift (pp)", row_links=_model_links(models, set(models)))
 
 
 def layer_heatmap(frame: pd.DataFrame, value: str, label: str, *, by: tuple[str, ...] = (), log: bool = False,
