@@ -352,10 +352,10 @@ def test_summary_mean_margin_agreed(hand_summary):
     assert hand_summary["mean_margin_agreed"] == pytest.approx((1 + 2 / 3) / 2, abs=1e-12)
 
 
-def test_summary_sigma_z(hand_summary):
+def test_summary_rms_max_shared_dlogit(hand_summary):
     # root of the mean, over prompts with a step before the divergence, of the per-prompt
     # mean squared Δ there: p0 0, p1 0.25 / 3, p2 0.0625 / 2, p3 0, p5 0 (p4 has no such step)
-    assert hand_summary["sigma_z"] == pytest.approx(((0.25 / 3 + 0.0625 / 2) / 5) ** 0.5, abs=1e-12)
+    assert hand_summary["rms_max_shared_dlogit"] == pytest.approx(((0.25 / 3 + 0.0625 / 2) / 5) ** 0.5, abs=1e-12)
 
 
 def test_summary_near_tie_rate_a(hand_summary):

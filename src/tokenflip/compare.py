@@ -172,7 +172,10 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "mean_margin_at_div": float(df["margin_a_at_div"].mean()) if diverged else float("nan"),
         "mean_margin_agreed": float(df.loc[df["identical"], "mean_margin_a"].mean())
         if (n - diverged) else float("nan"),
-        "sigma_z": float(np.sqrt(np.nanmean(df["rms_dlogit_before_div"].astype(float) ** 2)))
+        # Not the paper's σz (a per-logit RMS over the whole vocabulary, which needs full
+        # logits: the precision probe records it): the RMS, over the steps before the
+        # divergence, of each step's largest |Δlogit| among the tokens in both top-k lists.
+        "rms_max_shared_dlogit": float(np.sqrt(np.nanmean(df["rms_dlogit_before_div"].astype(float) ** 2)))
         if df["rms_dlogit_before_div"].notna().any() else float("nan"),
         "near_tie_rate_a": _ratio(df["near_ties_a"].sum(), df["n_tokens_a"].sum()),
         "mean_margin_a": float(df["mean_margin_a"].mean()) if n else float("nan"),

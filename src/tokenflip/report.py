@@ -269,8 +269,19 @@ def patching_table(patching: pd.DataFrame) -> list[dict[str, Any]]:
                            ).to_dict("records")
 
 
-def precision_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:
-    """Cross-precision divergence spectrum (paper Table 2): precision pairs, no intervention."""
+def probe_sigma_z(steps: pd.DataFrame) -> dict[tuple[str, str, str, str], float]:
+    """σz as arXiv 2609.26621 §I.3 defines it (per-logit RMS of the logit difference over
+    the whole vocabulary), pooled over the precision probe's steps as an RMS, per model,
+    benchmark and precision pair."""
+    if steps.empty or "sigma_z" not in steps:
+        return {}
+    pooled = steps.assign(sq=steps["sigma_z"] ** 2).groupby(["model", "benchmark", "a", "b"])["sq"].mean() ** 0.5
+    return {key: float(value) for key, value in pooled.items()}
+
+
+def precision_table(pairs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """Cross-precision divergence spectrum (paper Table 2): precision pairs, no intervention,
+    with σz from the precision probe where it ran on the same model, benchmark and pair."""
     if pairs.empty:
         return []
     prec = pairs[(pairs["axis"] == "precision") & (pairs["status"] == "done")].copy()
@@ -278,6 +289,8 @@ def precision_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     prec = prec.assign(ear_low=1 - prec["divergence_ci_high"], ear_high=1 - prec["divergence_ci_low"])
     prec = prec[prec["intervention"] == "none"]
+    sigma = probe_sigma_z(steps if steps is not None else pd.DataFrame())
+    prec["sigma_z"] = [sigma.get((r.model, r.benchmark, r.a, r.b), float("nan")) for r in prec.itertuples()]
     return prec.sort_values(["model", "benchmark", "a", "b", "cache", "batch_size"]).to_dict("records")
 
 
@@ -632,8 +645,8 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     kv_patching = _read_optional(summary_dir / "kv_patching.parquet")
     kv_rows = kv_table(pairs_df)
     interventions_df = _read_optional(summary_dir / "interventions.parquet")
-    precision_rows = precision_table(pairs_df)
     prec_steps = _read_optional(summary_dir / "precision_steps.parquet")
+    precision_rows = precision_table(pairs_df, prec_steps)
     prec_layers = _read_optional(summary_dir / "precision_layers.parquet")
     grafting = _read_optional(summary_dir / "precision_grafting.parquet")
     lens = _read_optional(summary_dir / "precision_lens.parquet")
