@@ -215,3 +215,20 @@ def test_shipped_configs_are_valid(name):
     assert not set(expected["absent_cell_ids"]) & cell_ids
     assert set(expected["pair_ids"]) <= pair_ids
     assert not set(expected["absent_pair_ids"]) & pair_ids
+
+
+def test_a_probe_can_be_restricted_to_some_models_and_benchmarks():
+    c = copy.deepcopy(BASE)
+    c["models"]["m2"] = {"source": "random", "architecture": "mistral"}
+    c["benchmarks"]["other"] = {"kind": "arithmetic", "n": 2}
+    c["probes"] = {"kv_cache": {"prompts": 1, "benchmarks": ["other"]},
+                   "precision": {"prompts": 1, "models": ["m2"]}}
+    from tokenflip.plan import probe_job, probe_targets
+
+    targets = probe_targets(cfg.validate(c))
+    assert targets == [("kv_cache", "m1", "other"), ("kv_cache", "m2", "other"),
+                       ("precision", "m2", "arith"), ("precision", "m2", "other")]
+    assert "benchmarks" not in probe_job(cfg.validate(c), "kv_cache", "m1", "other").options
+    c["probes"]["kv_cache"]["benchmarks"] = ["nope"]
+    with pytest.raises(cfg.ConfigError, match="probes.kv_cache.benchmarks: 'nope' is not defined under 'benchmarks'"):
+        cfg.validate(c)

@@ -89,7 +89,8 @@ def probe_targets(config: dict[str, Any]) -> list[tuple[str, str, str]]:
 
     configured = config.get("probes", {})
     return [(probe, model, bench) for probe in PROBES if probe in configured
-            for model in config["models"] for bench in config["benchmarks"]]
+            for model in configured[probe].get("models", config["models"])
+            for bench in configured[probe].get("benchmarks", config["benchmarks"])]
 
 
 def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str) -> ProbeJob:

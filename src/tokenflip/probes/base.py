@@ -20,7 +20,13 @@ COMMON_OPTIONS: dict[str, Any] = {
                 "description": "run on the first N prompts of each benchmark"},
     "max_new_tokens": {"type": "integer", "minimum": 1,
                        "description": "default: the benchmark's max_new_tokens"},
+    "models": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "string"},
+               "description": "run for these models only (default: all)"},
+    "benchmarks": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "string"},
+                   "description": "run on these benchmarks only (default: all)"},
 }
+# Options that choose where a probe runs, not what it computes (not part of its job spec).
+TARGET_OPTIONS = ("models", "benchmarks")
 
 
 @dataclass(frozen=True)
