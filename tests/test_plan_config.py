@@ -143,19 +143,26 @@ def test_duplicate_keys_in_yaml_are_refused(tmp_path):
 #          bs8 cell); 18 x 24 = 432 (precision 14 x 24 = 336, batch size 4 x 24 = 96).
 SHIPPED_PLANS = {
     "config.yaml": dict(
-        cells=11, pairs={"cache": 2, "precision": 8, "batch_size": 3, "attention": 1},
-        cell_ids=["smollm2-135m/arithmetic/fp16-on-bs4-greedy-none",
-                  "smollm2-135m/arithmetic/bf16-on-bs1-greedy-none-attention=eager",
-                  "smollm2-135m/arithmetic/fp16-on-bs1-greedy-C_gated"],
-        absent_cell_ids=["smollm2-135m/arithmetic/fp16-off-bs1-greedy-none",
-                         "smollm2-135m/arithmetic/bf16-on-bs4-greedy-C_gated"],
-        pair_ids=["smollm2-135m/arithmetic/cache/on_vs_off/fp32-x-bs1-greedy-none",
-                  "smollm2-135m/arithmetic/precision/bf16_vs_fp16/x-on-bs1-greedy-C_gated",
-                  "smollm2-135m/arithmetic/precision/fp32_vs_bf16/x-off-bs1-greedy-none",
-                  "smollm2-135m/arithmetic/batch_size/1_vs_4/fp16-on-x-greedy-none",
-                  "smollm2-135m/arithmetic/attention/default_vs_eager/bf16-on-bs1-greedy-none-attention=x"],
-        absent_pair_ids=["smollm2-135m/arithmetic/cache/on_vs_off/fp16-x-bs1-greedy-none",
-                         "smollm2-135m/arithmetic/precision/fp32_vs_fp16/x-off-bs1-greedy-none"]),
+        # fp32/bf16/fp16 x cache on/off at bs1 (6) + the three at bs4 (3) + bf16/fp16 with
+        # C_gated (2) + bf16 eager (1) = 12 cells. Pairs: cache on/off per precision (3);
+        # bf16 vs fp16 at on-bs1, off-bs1, on-bs4 and with C (4), fp32 vs bf16 and fp32 vs
+        # fp16 at on-bs1, off-bs1, on-bs4 (3 + 3); bs1 vs bs4 per precision (3); none vs
+        # C_gated for bf16 and fp16 (2); default vs eager attention (1): 19.
+        cells=12, pairs={"cache": 3, "precision": 10, "batch_size": 3, "intervention": 2, "attention": 1},
+        cell_ids=["smollm2-135m/onestep/fp16-off-bs1-greedy-none",
+                  "smollm2-135m/onestep/fp16-on-bs4-greedy-none",
+                  "smollm2-135m/onestep/bf16-on-bs1-greedy-none-attention=eager",
+                  "smollm2-135m/onestep/fp16-on-bs1-greedy-C_gated"],
+        absent_cell_ids=["smollm2-135m/onestep/fp16-off-bs4-greedy-none",
+                         "smollm2-135m/onestep/bf16-on-bs4-greedy-C_gated"],
+        pair_ids=["smollm2-135m/onestep/cache/on_vs_off/fp16-x-bs1-greedy-none",
+                  "smollm2-135m/onestep/precision/bf16_vs_fp16/x-on-bs1-greedy-C_gated",
+                  "smollm2-135m/onestep/precision/fp32_vs_bf16/x-off-bs1-greedy-none",
+                  "smollm2-135m/onestep/batch_size/1_vs_4/fp16-on-x-greedy-none",
+                  "smollm2-135m/onestep/intervention/none_vs_C_gated/bf16-on-bs1-greedy-x",
+                  "smollm2-135m/onestep/attention/default_vs_eager/bf16-on-bs1-greedy-none-attention=x"],
+        absent_pair_ids=["smollm2-135m/onestep/cache/on_vs_off/fp16-x-bs4-greedy-none",
+                         "smollm2-135m/onestep/intervention/none_vs_C_gated/fp32-on-bs1-greedy-x"]),
     "paper-kv-cache.yaml": dict(
         cells=24, pairs={"cache": 12, "precision": 6},
         cell_ids=["llama2-7b/gsm8k/fp16-off-bs1-topp09-none",
