@@ -17,8 +17,8 @@ from typing import Any
 
 from .base import Benchmark, BenchmarkError, Item
 
-__all__ = ["OneStepBenchmark", "GENERATOR_VERSION", "OPERATIONS", "SYSTEM_PROMPT", "make_item", "exemplar",
-           "extract_final"]
+__all__ = ["OneStepBenchmark", "GENERATOR_VERSION", "MAX_SHOTS", "OPERATIONS", "SYSTEM_PROMPT", "make_item",
+           "operation_of", "exemplar", "extract_final"]
 
 GENERATOR_VERSION = 1
 
