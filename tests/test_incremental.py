@@ -32,6 +32,10 @@ def probe(bench: str) -> tuple[str, str]:
     return ("probe", f"results/inc/probes/tiny/{bench}/kv_cache")
 
 
+def prompt_check(bench: str) -> tuple[str, str]:
+    return ("check_prompts", f"results/inc/checks/tiny/{bench}.json")
+
+
 def jobs_of(stdout: str) -> list[tuple[str, str]]:
     """(rule, output) of each scheduled job; a probe or summarize job by its directory
     (one job writes several tables), every probe rule as 'probe'."""
@@ -55,7 +59,8 @@ def dry_run(study, config: dict, tmp_path: Path, *extra: str, **kwargs):
 def add_benchmark(config):
     config["benchmarks"]["arith_c"] = {"kind": "arithmetic", "n": 2, "seed": 2, "max_new_tokens": 6}
     return {cell("arith_c", "fp32-on-bs1-greedy-none"), cell("arith_c", "fp32-off-bs1-greedy-none"),
-            pair("arith_c", "cache", "on", "off", "fp32-x-bs1-greedy-none"), probe("arith_c")}
+            pair("arith_c", "cache", "on", "off", "fp32-x-bs1-greedy-none"), probe("arith_c"),
+            prompt_check("arith_c")}
 
 
 def add_batch_size(config):
@@ -85,7 +90,7 @@ def _one_benchmark_changed():
 
 def change_n(config):
     config["benchmarks"]["arith_b"]["n"] = 3
-    return _one_benchmark_changed()
+    return _one_benchmark_changed() | {prompt_check("arith_b")}   # more prompts to check
 
 
 def change_max_new_tokens(config):

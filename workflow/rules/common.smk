@@ -43,7 +43,9 @@ def cell_job_json(wildcards):
 
 
 def benchmark_spec_json(wildcards):
-    return json.dumps(config["benchmarks"][wildcards.benchmark], sort_keys=True)
+    """The benchmark entry without max_new_tokens: what its prompts depend on."""
+    spec = {k: v for k, v in config["benchmarks"][wildcards.benchmark].items() if k != "max_new_tokens"}
+    return json.dumps(spec, sort_keys=True)
 
 
 def model_spec_json(wildcards):
