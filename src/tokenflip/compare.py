@@ -39,11 +39,12 @@ class ComparabilityError(ValueError):
     pass
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_provenance(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested provenance as {dotted.key: value}, so that two records compare field by field."""
     if isinstance(d, dict):
         out: dict[str, Any] = {}
         for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten_provenance(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: d}
 
@@ -56,8 +57,8 @@ def check_comparable(meta_a: dict, meta_b: dict, axis: str, path_a: Any, path_b:
     if differing_axes != [axis]:
         raise ComparabilityError(
             f"{path_a} and {path_b} differ in axes {differing_axes}, expected exactly [{axis!r}]")
-    flat_a = {k: v for k, v in _flatten(meta_a).items() if k.split(".")[0] not in _FREE_FIELDS}
-    flat_b = {k: v for k, v in _flatten(meta_b).items() if k.split(".")[0] not in _FREE_FIELDS}
+    flat_a = {k: v for k, v in flatten_provenance(meta_a).items() if k.split(".")[0] not in _FREE_FIELDS}
+    flat_b = {k: v for k, v in flatten_provenance(meta_b).items() if k.split(".")[0] not in _FREE_FIELDS}
     allowed = {f"settings.cell.{axis}", *_AXIS_PROVENANCE.get(axis, ())}
     for key in sorted(set(flat_a) | set(flat_b)):
         if any(key == p or key.startswith(p + ".") for p in allowed):

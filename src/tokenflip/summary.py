@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import storage
+from .compare import flatten_provenance
 from .jobs import COMPARABLE_AXES, Cell, Pair
 from .layout import RunLayout
 from .plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
@@ -40,18 +41,10 @@ def summary_tables() -> list[str]:
     return [*BASE_TABLES, *(name for probe in PROBES.values() for name in probe.summary_tables())]
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: d}
-
-
 def first_difference(recorded: Any, expected: Any) -> tuple[str, Any, Any] | None:
     """The first field (dotted path) where two settings differ, with both values."""
-    a, b = _flatten(json.loads(json.dumps(recorded))), _flatten(json.loads(json.dumps(expected)))
+    a = flatten_provenance(json.loads(json.dumps(recorded)))
+    b = flatten_provenance(json.loads(json.dumps(expected)))
     for key in sorted(set(a) | set(b)):
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             return key, a.get(key, "<absent>"), b.get(key, "<absent>")
