@@ -153,10 +153,10 @@ def cmd_digest(args) -> None:
 def cmd_diff_runs(args) -> None:
     """Exit status 0 when every shared cell is bitwise identical, 3 when some differ."""
     from .compare import compare_tables
-    from .layout import cell_ids_under
+    from .layout import cell_ids_under, cells_dir_of
     from .storage import StorageError, read_cell
 
-    roots = [Path(args.run_a) / "cells", Path(args.run_b) / "cells"]
+    roots = [cells_dir_of(args.run_a), cells_dir_of(args.run_b)]
     for root in roots:
         if not root.is_dir():
             raise StorageError(f"{root}: no such directory (give two results/<run> directories)")

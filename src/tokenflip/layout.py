@@ -114,9 +114,6 @@ def cell_ids_under(cells_dir: str | Path) -> dict[str, Path]:
     return {str(p.relative_to(root))[: -len(".parquet")]: p for p in sorted(root.rglob("*.parquet"))}
 
 
-def run_of_results(results_dir: str | Path) -> RunLayout:
-    """The layout of a `results/<run>` directory given by its path (for `diff-runs`)."""
-    path = Path(results_dir).resolve()
-    if path.parent.name != "results":
-        raise ValueError(f"{results_dir}: not a results/<run> directory")
-    return RunLayout(path.name, root=str(path.parent.parent))
+def cells_dir_of(results_dir: str | Path) -> Path:
+    """The cells folder of a run's results directory wherever it was copied (`diff-runs`)."""
+    return Path(results_dir) / "cells"
