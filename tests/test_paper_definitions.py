@@ -53,3 +53,31 @@ def test_triggered_prompts_come_from_the_per_step_flags():
                         "n_tokens": steps, "finish_reason": "length", "text": "", "gold": None, "extracted": None,
                         "correct": None, "latency_s": 0.0})
     assert triggered_prompts(storage.cell_table(records, 2)) == {"p0", "p2"}
+
+
+def test_cache_on_more_accurate_counts_the_fp16_conditions_only():
+    """arXiv 2604.15409: "cache-ON more accurate in 8 of 9 conditions" counts model x
+    decoding in FP16; the FP32 control rows are not conditions."""
+    from tokenflip.report import kv_claims
+
+    rows = [{"precision": "fp16", "accuracy_diff": d, "n_diverged": 1, "n_prompts": 2, "n_logit_diff_before_div": 1,
+             "max_abs_dlogit": 0.5} for d in (0.1, 0.2, -0.1)]
+    rows += [{"precision": "fp32", "accuracy_diff": 0.3, "n_diverged": 0, "n_prompts": 2,
+              "n_logit_diff_before_div": 0, "max_abs_dlogit": 1e-5}]
+    claims = kv_claims(rows)
+    assert (claims["conditions"], claims["on_better"], claims["off_better"]) == (3, 2, 1)
+
+
+def test_orders_of_magnitude_compare_kl_with_kl():
+    """KL grows with the square of the logit difference: a 10x larger |Δlogit| is about a
+    100x larger KL, and the paper's ratio (Fig. 3) is the KL one."""
+    import pandas as pd
+
+    from tokenflip.report import probe_claims
+
+    steps = pd.DataFrame({"model": "m", "precision": ["fp16", "fp16", "fp32", "fp32"], "flip": False,
+                          "kl": [1e-4, 3e-4, 1e-12, 3e-12], "max_abs_dlogit": [0.1, 0.2, 1e-5, 2e-5]})
+    rows = {r["precision"]: r for r in probe_claims(steps)}
+    assert abs(rows["fp16"]["kl_vs_fp32"] - 1e8) < 1e-2
+    assert abs(rows["fp16"]["dlogit_vs_fp32"] - 1e4) < 1e-6
+    assert rows["fp32"]["kl_vs_fp32"] is None
