@@ -47,16 +47,15 @@ rule all:
 
 
 onerror:
-    # A job failed (with --keep-going, after every other job finished): render the report
-    # from whatever results exist, listing what is missing, and remove the summaries, so
-    # that the next run redoes them, the report and the missing jobs
-    # (`tokenflip report --partial`; see tokenflip.report.render_partial).
+    # A job failed (with --keep-going, after every other job finished): render what did
+    # finish, listing what is missing, as reports/<run>/partial.html (`tokenflip report
+    # --partial`); index.html is only ever a complete report.
     import subprocess
 
     os.makedirs(os.path.dirname(PARTIAL_LOG), exist_ok=True)
     with open(PARTIAL_LOG, "w") as _log:
         _done = subprocess.run([sys.executable, "-m", "tokenflip", "report", "--partial", "--config-json",
                                 CONFIG_JSON], stdout=_log, stderr=subprocess.STDOUT)
-    print(f"tokenflip: some jobs failed; partial report, with what is missing listed: {REPORT}"
+    print(f"tokenflip: some jobs failed; partial report, with what is missing listed: {LAYOUT.partial_report}"
           if _done.returncode == 0 else f"tokenflip: the partial report failed too; see {PARTIAL_LOG}",
           file=sys.stderr)

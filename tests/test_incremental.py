@@ -127,7 +127,7 @@ def test_editing_a_rule_command_does_not_rerun_gpu_jobs(finished_tiny_study, tmp
     shutil.copytree(REPO / "workflow", workflow_copy / "workflow")
     shutil.copytree(REPO / "config", workflow_copy / "config")
     rule = workflow_copy / "workflow" / "rules" / "generate.smk"
-    text, n = re.subn(r'"--out \{output:q\}', '"--out {output:q} --quiet', rule.read_text())
+    text, n = re.subn(r"--out \{output:q\}", "--out {output:q} --quiet", rule.read_text())
     assert n == 1, "generate.smk: the --out argument moved; update this test"
     rule.write_text(text)
     snakefile = workflow_copy / "Snakefile"

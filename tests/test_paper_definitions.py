@@ -81,3 +81,21 @@ def test_orders_of_magnitude_compare_kl_with_kl():
     assert abs(rows["fp16"]["kl_vs_fp32"] - 1e8) < 1e-2
     assert abs(rows["fp16"]["dlogit_vs_fp32"] - 1e4) < 1e-6
     assert rows["fp32"]["kl_vs_fp32"] is None
+
+
+def test_the_paper_table_puts_each_headline_beside_ours_or_says_it_is_missing():
+    import pandas as pd
+
+    from tokenflip.paper import comparison_rows
+
+    pairs = pd.DataFrame([{"status": "done", "axis": "cache", "a": "on", "b": "off", "precision": "fp16",
+                           "decoding": "greedy", "intervention": "none", "batch_size": 1, "model": "m",
+                           "n_prompts": 10, "n_diverged": 4, "accuracy_a": 0.5, "accuracy_b": 0.4,
+                           "median_first_div_step": 7.0}])
+    rows = {r["claim"]: r for r in comparison_rows(pairs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), "cpu",
+                                                    {"C_gated"})}
+    fp16 = rows["token divergence, cache ON vs OFF, FP16 greedy"]
+    assert (fp16["paper_figure"], fp16["ours"]) == ("100%", "40%") and "n = 10" in fp16["our_conditions"]
+    assert rows["cache ON more accurate"]["ours"] == "1 of 1"
+    assert rows["σz, per-logit RMS of the logit difference"]["ours"] == "–"
+    assert rows["σz, per-logit RMS of the logit difference"]["our_conditions"] == "not in this run"

@@ -181,8 +181,10 @@ class _MissingRows(HTMLParser):
 def test_a_failing_model_still_gives_a_report_listing_its_cells_as_missing(finished_tiny_study, tmp_path):
     workdir = copy_run(finished_tiny_study.workdir, tmp_path / "run")
     summary_dir = workdir / "results" / "inc" / "summary"
-    report = workdir / "reports" / "inc" / "index.html"
+    complete = workdir / "reports" / "inc" / "index.html"
+    report = workdir / "reports" / "inc" / "partial.html"
     assert summary_dir.is_dir()
+    complete_before = complete.read_bytes()
     # Good work for this run too: one finished cell is gone and must be made again.
     redo = workdir / cell_path("arith_a", "fp32-on-bs1-greedy-none")
     redo.unlink()
@@ -222,13 +224,13 @@ def test_a_failing_model_still_gives_a_report_listing_its_cells_as_missing(finis
     assert "Did not finish" in html and all(c in html.split("Did not finish", 1)[1] for c in broken_cells)
     assert {pair for pair, _ in parser.rows if pair} == {
         f"broken/{bench}/cache/on_vs_off/fp32-x-bs1-greedy-none" for bench in ("arith_a", "arith_b")}
-    # ... and left no summaries behind that a later run could take for current.
-    assert not list(summary_dir.glob("*.parquet"))
+    # ... beside the complete report of the last successful run, never in its place.
+    assert complete.read_bytes() == complete_before and "partial" not in complete.read_text()[:2000]
     assert not list((workdir / "results" / "inc").glob(".summary-partial*"))
 
-    # The partial report is not taken for finished work: with the summaries gone, retrying
-    # the same config retries every failed job and the aggregation, with or without a
-    # profile (nothing relies on Snakemake's incomplete-output records).
+    # Retrying the same config retries every failed job and the aggregation (the config
+    # changed since the summaries were made), with or without a profile: nothing relies
+    # on Snakemake's incomplete-output records.
     retry = scheduled(run_snakemake(workdir, config_path, "-n").stdout)
     assert {job for job in retry if "broken" not in job[1]} == {(rule, "") for rule in AGGREGATION}
     assert sorted("probe" if rule.startswith("probe") else rule for rule, _ in retry if rule not in AGGREGATION) \
@@ -240,10 +242,13 @@ def test_a_failing_model_still_gives_a_report_listing_its_cells_as_missing(finis
     # old summaries were recorded for) reruns exactly the aggregation, and the report is
     # complete again.
     fixed = write_yaml(tmp_path / "fixed.yaml", tiny_study())
-    assert scheduled(run_snakemake(workdir, fixed, "-n").stdout) == {(rule, "") for rule in AGGREGATION}
+    fixed_dry = run_snakemake(workdir, fixed, "-n")
+    assert scheduled(fixed_dry.stdout) == {(rule, "") for rule in AGGREGATION}, fixed_dry.stdout[-3000:]
     before = time.time()
     run_snakemake(workdir, fixed)
+    report = complete
     assert report.stat().st_mtime >= before
+    assert not (workdir / "reports" / "inc" / "partial.html").exists()   # superseded
     assert all((summary_dir / name).stat().st_mtime >= before for name in os.listdir(summary_dir))
     parser = _MissingRows()
     parser.feed(report.read_text())

@@ -140,6 +140,10 @@ def cmd_report(args) -> None:
         print(f"partial report (some jobs failed or are missing): {out}")
     else:
         print(render(layout.summary_dir, layout.report, config))
+        import shutil
+
+        Path(layout.partial_report).unlink(missing_ok=True)   # superseded by the complete report
+        shutil.rmtree(layout.partial_report_tables, ignore_errors=True)
 
 
 def cmd_digest(args) -> None:

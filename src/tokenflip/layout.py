@@ -8,6 +8,7 @@ results/{run}/pairs/{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}.parquet
 results/{run}/probes/{model}/{benchmark}/{probe}/{table}.parquet
 results/{run}/summary/{table}.parquet
 reports/{run}/index.html, reports/{run}/tables/*.csv
+reports/{run}/partial.html, reports/{run}/partial-tables/*.csv   after a failed run
 results/{run}/checks/{model}/{benchmark}.json                  the model's tokenizer takes the prompts
 logs/{run}/{rule}/...log
 ```
@@ -78,6 +79,15 @@ class RunLayout:
     @property
     def report_tables(self) -> str:
         return self._path("reports", self.run, "tables")
+
+    @property
+    def partial_report(self) -> str:
+        """After a failed run: what did finish (never in place of the complete report)."""
+        return self._path("reports", self.run, "partial.html")
+
+    @property
+    def partial_report_tables(self) -> str:
+        return self._path("reports", self.run, "partial-tables")
 
     # --- logs/{run} ---------------------------------------------------------------------
     def log(self, rule: str, name: str) -> str:

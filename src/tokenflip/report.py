@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from . import stats, storage  # noqa: E402
+from . import paper, stats, storage  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="paper")
 
@@ -639,7 +639,7 @@ def drilldown_table(pairs: pd.DataFrame, first_div: pd.DataFrame) -> list[dict[s
 
 
 def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
-           title: str | None = None, partial: bool = False) -> Path:
+           title: str | None = None, partial: bool = False, tables_dir: str | Path | None = None) -> Path:
     summary_dir, out_path = Path(summary_dir), Path(out_path)
     cells, _ = storage.read_table(summary_dir / "cells.parquet")
     pairs, _ = storage.read_table(summary_dir / "pairs.parquet")
@@ -662,6 +662,8 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         + (" (partial: some jobs failed)" if partial else ""),
         run=config["run"],
         headline=_headline(done_pairs),
+        paper_rows=paper.comparison_rows(pairs_df, interventions_df, kv_steps, prec_steps,
+                                         _device_label(environment), paper.gated_c_labels(config)),
         pairs=pairs_df.sort_values(["model", "benchmark", "axis", "a", "b", "context"]).to_dict("records")
         if not pairs_df.empty else [],
         cells=cells_df.sort_values("cell_id").to_dict("records") if not cells_df.empty else [],
@@ -704,7 +706,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     tmp = out_path.with_name(f".{out_path.name}.tmp")
     tmp.write_text(html)
     tmp.replace(out_path)
-    write_tables(context, out_path.parent / "tables")
+    write_tables(context, tables_dir or out_path.parent / "tables")
     return out_path
 
 
@@ -772,6 +774,11 @@ def _headline(pairs: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _device_label(environment: dict[str, Any]) -> str:
+    device = environment.get("device", {})
+    return f"{device.get('name', '?')} ({device.get('type', '?')})"
+
+
 def _environment(rows: pd.DataFrame) -> dict[str, Any]:
     """Software, device and determinism of the run (the first machine's), and each model's
     and benchmark's provenance, from the summary's environment table."""
@@ -787,22 +794,21 @@ def _environment(rows: pd.DataFrame) -> dict[str, Any]:
 
 def render_partial(config: dict[str, Any], layout) -> Path:
     """After a failed run: summarise whatever results exist (missing and refused ones
-    listed, nothing refused used) into a scratch folder, render the report from it, and
-    remove the run's summary tables, which no longer match the report. With the
-    summaries gone, the next `snakemake` run redoes them, the report, and every job whose
-    output is still missing."""
+    listed, nothing refused used) into a scratch folder and render them as the partial
+    report, beside the complete one and never in its place: `reports/<run>/index.html` is
+    only ever a complete report (or absent), and the next `snakemake` run reruns what its
+    usual triggers say (failed jobs, a changed config), nothing more. The next complete
+    report removes the partial one."""
     import shutil
     import tempfile
 
-    from .summary import summary_tables, write_summaries
+    from .summary import write_summaries
 
     Path(layout.results).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".summary-partial.", dir=layout.results))
     try:
         write_summaries(config, layout, scratch, strict=False)
-        out = render(scratch, layout.report, config, partial=True)
-        for name in summary_tables():
-            Path(layout.summary(name)).unlink(missing_ok=True)
+        out = render(scratch, layout.partial_report, config, partial=True, tables_dir=layout.partial_report_tables)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out
