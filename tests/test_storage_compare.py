@@ -259,7 +259,7 @@ def test_per_prompt_rows_by_hand(hand_rows):
 #   correct a / b     T/T   T/T   T/F   F/F   T/F   T/F
 #   n_tokens a / b    3/3   3/3   3/3   4/2   1/1   2/2
 def test_summary_has_exactly_the_figures_pinned_below(hand_summary):
-    assert len(hand_summary) == 25
+    assert len(hand_summary) == 28
 
 
 def test_summary_n_prompts(hand_summary):
@@ -380,6 +380,17 @@ def test_summary_n_length_differs(hand_summary):
 def test_summary_mean_abs_length_diff(hand_summary):
     # over the diverged prompts: |3-3|, |4-2|, |1-1|, |2-2|
     assert hand_summary["mean_abs_length_diff"] == pytest.approx(2 / 4, abs=1e-12)
+
+
+def test_summary_median_margins(hand_summary):
+    # at the divergence step: median of 0.25, 0.5, 0 = 0.25; agreed: median of 1 and 2/3 = 5/6
+    assert hand_summary["median_margin_at_div"] == pytest.approx(0.25, abs=1e-12)
+    assert hand_summary["median_margin_agreed"] == pytest.approx(5 / 6, abs=1e-12)
+
+
+def test_summary_max_abs_length_diff(hand_summary):
+    # over the diverged prompts: |3-3|, |4-2|, |1-1|, |2-2| -> 2
+    assert hand_summary["max_abs_length_diff"] == 2
 
 
 def test_summary_n_correctness_flips(hand_summary):

@@ -173,6 +173,10 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "mean_margin_at_div": float(df["margin_a_at_div"].mean()) if diverged else float("nan"),
         "mean_margin_agreed": float(df.loc[df["identical"], "mean_margin_a"].mean())
         if (n - diverged) else float("nan"),
+        # arXiv 2609.26621 §I.3 gives medians (0.039 at divergence vs 5.733 on agreeing prompts).
+        "median_margin_at_div": float(df["margin_a_at_div"].median()) if diverged else float("nan"),
+        "median_margin_agreed": float(df.loc[df["identical"], "mean_margin_a"].median())
+        if (n - diverged) else float("nan"),
         # Not the paper's σz (a per-logit RMS over the whole vocabulary, which needs full
         # logits: the precision probe records it): the RMS, over the steps before the
         # divergence, of each step's largest |Δlogit| among the tokens in both top-k lists.
@@ -185,6 +189,9 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "n_length_differs": int((df["n_tokens_a"] != df["n_tokens_b"]).sum()),
         "mean_abs_length_diff": float((df["n_tokens_a"] - df["n_tokens_b"]).abs()[~df["identical"]].mean())
         if diverged else float("nan"),
+        # Figure 1 of arXiv 2609.26621 gives the maximum beside the mean (236 vs 34 tokens).
+        "max_abs_length_diff": int((df["n_tokens_a"] - df["n_tokens_b"]).abs()[~df["identical"]].max())
+        if diverged else 0,
         "n_correctness_flips": int((acc_a != acc_b).sum()),
     }
 
