@@ -89,13 +89,19 @@ def test_the_paper_table_puts_each_headline_beside_ours_or_says_it_is_missing():
     from tokenflip.paper import comparison_rows
 
     pairs = pd.DataFrame([{"status": "done", "axis": "cache", "a": "on", "b": "off", "precision": "fp16",
-                           "decoding": "greedy", "intervention": "none", "batch_size": 1, "model": "m",
+                           "decoding": "greedy", "intervention": "none", "batch_size": 1.0, "model": "m",
                            "n_prompts": 10, "n_diverged": 4, "accuracy_a": 0.5, "accuracy_b": 0.4,
-                           "median_first_div_step": 7.0}])
+                           "median_first_div_step": 7.0},
+                          {"status": "done", "axis": "precision", "a": "bf16", "b": "fp16", "precision": None,
+                           "decoding": "greedy", "intervention": "none", "batch_size": 1.0, "model": "m",
+                           "n_prompts": 10, "n_diverged": 6, "accuracy_a": 0.5, "accuracy_b": 0.5,
+                           "median_first_div_step": 12.0}])
     rows = {r["claim"]: r for r in comparison_rows(pairs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), "cpu",
                                                     {"C_gated"})}
     fp16 = rows["token divergence, cache ON vs OFF, FP16 greedy"]
     assert (fp16["paper_figure"], fp16["ours"]) == ("100%", "40%") and "n = 10" in fp16["our_conditions"]
     assert rows["cache ON more accurate"]["ours"] == "1 of 1"
+    assert rows["prompts whose greedy output differs, BF16 vs FP16"]["ours"] == "60%"
+    assert rows["median first divergence step"]["ours"] == "12"
     assert rows["σz, per-logit RMS of the logit difference"]["ours"] == "–"
     assert rows["σz, per-logit RMS of the logit difference"]["our_conditions"] == "not in this run"

@@ -33,7 +33,10 @@ def _pairs(pairs: pd.DataFrame, axis: str, a: str, b: str, **shared: Any) -> pd.
         return pairs
     sel = (pairs["status"] == "done") & (pairs["axis"] == axis) & (pairs["a"] == a) & (pairs["b"] == b)
     for key, value in shared.items():
-        sel &= pairs[key].astype(str) == str(value)
+        if isinstance(value, int):   # batch_size: a float column where the axis is compared
+            sel &= pd.to_numeric(pairs[key], errors="coerce") == value
+        else:
+            sel &= pairs[key].astype(str) == str(value)
     return pairs[sel]
 
 
