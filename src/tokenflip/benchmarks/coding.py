@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import math
 import re
 import sys
 import threading
@@ -105,7 +106,10 @@ class CodeBenchmark(Benchmark):
         self.unsafe_execution = unsafe_execution
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 600:
             raise BenchmarkError(f"benchmark {name!r}: timeout_s must be a number in (0, 600], got {timeout_s!r}")
-        self.limits = Limits(timeout_s=float(timeout_s), cpu_s=max(1, int(timeout_s)))
+        # The wall clock decides a timeout; the CPU limit, one second later, is only the
+        # backstop (one thread's CPU time never runs ahead of the wall clock), so a busy
+        # loop is reported as a timeout, not as a process killed by SIGXCPU.
+        self.limits = Limits(timeout_s=float(timeout_s), cpu_s=math.ceil(timeout_s) + 1)
 
     def extract(self, completion: str) -> str | None:
         """The code in the completion, see `extract_code`."""
