@@ -105,3 +105,21 @@ def test_the_paper_table_puts_each_headline_beside_ours_or_says_it_is_missing():
     assert rows["median first divergence step"]["ours"] == "12"
     assert rows["σz, per-logit RMS of the logit difference"]["ours"] == "–"
     assert rows["σz, per-logit RMS of the logit difference"]["our_conditions"] == "not in this run"
+
+
+def test_the_directional_perturbation_decides_the_flip():
+    """§7.1: b picks a's runner-up j over a's top i exactly when (Δz_j − Δz_i) exceeds a's
+    margin z_i − z_j. a = [4, 3, 0]: margin 1. b moves j up by 0.7 and i down by 0.4: the
+    perturbation 1.1 exceeds 1, and b's argmax is j."""
+    import torch
+
+    from tokenflip.probes.replay import Replay, step_differences
+
+    a = Replay(tokens=[0, 0], logits=torch.tensor([[4.0, 3.0, 0.0], [4.0, 3.0, 0.0]]),
+               layer_outputs=torch.zeros(2, 1, 2))
+    b = Replay(tokens=[0, 0], logits=torch.tensor([[3.6, 3.7, 0.0], [3.9, 3.2, 0.0]]),
+               layer_outputs=torch.zeros(2, 1, 2))
+    d = step_differences(a, b)
+    assert abs(d["directional"][0] - 1.1) < 1e-6 and abs(d["directional"][1] - 0.3) < 1e-6
+    assert list(d["flip"]) == [True, False]
+    assert list(d["directional"] > d["margin_a"]) == list(d["flip"])

@@ -362,7 +362,7 @@ def cv_heuristic(cells: pd.DataFrame, interventions: pd.DataFrame) -> list[dict[
     """CV of the top-2 margin in one 16-bit run (no intervention, batch size 1) against the
     lift each intervention measured, per model × benchmark; Spearman across those points.
     In-sample: the same prompts give both numbers."""
-    from scipy.stats import spearmanr
+    from scipy.stats import pearsonr, spearmanr
 
     if cells.empty or interventions.empty or "cv_margin" not in cells:
         return []
@@ -377,11 +377,14 @@ def cv_heuristic(cells: pd.DataFrame, interventions: pd.DataFrame) -> list[dict[
                       & (base["cache"] == r.cache)]["cv_margin"]
             if len(cv):
                 points.append((float(cv.iloc[0]), float(r.lift)))
-        rho = p = float("nan")
+        rho = p = r_pearson = p_pearson = float("nan")
         if len(points) >= 3:
             res = spearmanr([x for x, _ in points], [y for _, y in points])
             rho, p = float(res.statistic), float(res.pvalue)
-        out.append({"intervention": name, "points": len(points), "rho": rho, "p": p})
+            pres = pearsonr([x for x, _ in points], [y for _, y in points])   # the paper gives both (§8.3)
+            r_pearson, p_pearson = float(pres.statistic), float(pres.pvalue)
+        out.append({"intervention": name, "points": len(points), "rho": rho, "p": p, "pearson_r": r_pearson,
+                    "pearson_p": p_pearson})
     return out
 
 

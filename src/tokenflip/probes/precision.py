@@ -63,7 +63,8 @@ def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: 
     flips = [int(t) for t in np.nonzero(d["flip"])[0]]
     steps = [{"step": t, "kl": float(kl[t]), "flip": bool(d["flip"][t]),
               "margin_a": float(d["margin_a"][t]), "margin_b": float(d["margin_b"][t]),
-              "sigma_z": float(d["sigma_z"][t]), "max_abs_dlogit": float(d["max_abs_dlogit"][t])}
+              "sigma_z": float(d["sigma_z"][t]), "max_abs_dlogit": float(d["max_abs_dlogit"][t]),
+              "directional": float(d["directional"][t])}
              for t in range(len(kl))]
     diff = d["layer_l2"]
     layers = [{"step": t, "layer": layer, "l2": float(diff[t, layer])}

@@ -142,6 +142,12 @@ def step_differences(a: Replay, b: Replay) -> dict[str, np.ndarray]:
     differ, both top-2 margins, the largest |Δlogit|; per step and layer, the L2 distance
     of the layer outputs and the norm of b's."""
     top_a, top_b = a.logits.argmax(-1), b.logits.argmax(-1)
+    # The directional perturbation between a's top two candidates i and j (arXiv 2609.26621
+    # §7.1): how much b's numerics move j up relative to i, (Δz_j − Δz_i). b picks j over i
+    # when it exceeds a's margin z_i − z_j.
+    second_a = a.logits.scatter(-1, top_a[:, None], float("-inf")).argmax(-1)
+    delta = b.logits.double() - a.logits.double()
+    directional = (delta.gather(-1, second_a[:, None]) - delta.gather(-1, top_a[:, None]))[:, 0]
     return {
         "kl": kl_divergence(a.logits, b.logits).numpy(),
         "top_a": top_a.numpy(), "top_b": top_b.numpy(), "flip": (top_a != top_b).numpy(),
@@ -150,6 +156,7 @@ def step_differences(a: Replay, b: Replay) -> dict[str, np.ndarray]:
         # σz of arXiv 2609.26621 §I.3: the per-logit RMS of the logit difference over the
         # whole vocabulary (4.6275 / √32000 ≈ 0.026 there), per step.
         "sigma_z": (a.logits.double() - b.logits.double()).pow(2).mean(-1).sqrt().numpy(),
+        "directional": directional.numpy(),
         "layer_l2": (a.layer_outputs - b.layer_outputs).norm(dim=-1).numpy(),
         "layer_norm_b": b.layer_outputs.norm(dim=-1).numpy(),
     }
