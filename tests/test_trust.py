@@ -357,3 +357,22 @@ def test_a_comparison_that_forms_no_pair_is_an_error_naming_it():
     text = str(err.value)
     assert "study.yaml: comparisons.0: cache 'on' vs 'off' forms no pair" in text
     assert "study.yaml: comparisons.1: precision 'fp32' vs 'bf16' forms no pair" in text
+
+
+@pytest.mark.slow
+def test_a_pair_file_from_an_earlier_version_is_summarised_from_its_data(finished_tiny_study, tmp_path):
+    """A pair file whose stored summary lacks a figure added since (an upgrade of tokenflip
+    reruns no job) is summarised like a new one: the figures come from its per-prompt rows."""
+    import pyarrow.parquet as pq
+
+    workdir = copy_run(finished_tiny_study.workdir, tmp_path / "run")
+    path = workdir / "results/inc/pairs/tiny/arith_a/cache/on_vs_off/fp32-x-bs1-greedy-none.parquet"
+    table, meta = storage.read_table(path)
+    meta.pop("schema_version")
+    old = {k: v for k, v in meta["summary"].items() if k not in ("median_margin_agreed", "max_abs_length_diff")}
+    storage.write_table(table, path, {**meta, "summary": old})
+    proc = _summarize(workdir, finished_tiny_study.config)
+    assert proc.returncode == 0, proc.stderr
+    pairs = pq.read_table(workdir / "results/inc/summary/pairs.parquet").to_pandas().set_index("pair_id")
+    row = pairs.loc["tiny/arith_a/cache/on_vs_off/fp32-x-bs1-greedy-none"]
+    assert row["max_abs_length_diff"] == 0 and row["median_margin_agreed"] > 0

@@ -21,8 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import storage
-from .compare import flatten_provenance
+from . import compare, storage
 from .jobs import COMPARABLE_AXES, Cell, Pair
 from .layout import RunLayout
 from .plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
@@ -43,8 +42,8 @@ def summary_tables() -> list[str]:
 
 def first_difference(recorded: Any, expected: Any) -> tuple[str, Any, Any] | None:
     """The first field (dotted path) where two settings differ, with both values."""
-    a = flatten_provenance(json.loads(json.dumps(recorded)))
-    b = flatten_provenance(json.loads(json.dumps(expected)))
+    a = compare.flatten_provenance(json.loads(json.dumps(recorded)))
+    b = compare.flatten_provenance(json.loads(json.dumps(expected)))
     for key in sorted(set(a) | set(b)):
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             return key, a.get(key, "<absent>"), b.get(key, "<absent>")
@@ -181,7 +180,10 @@ def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, d
                 checked.refuse(path, str(exc))
                 row.update(status="refused", error=str(exc))
             else:
-                row.update(status="done", **meta["summary"], machine_a=meta["machines"]["a"],
+                # The pair figures are derived from the per-prompt table here, not taken from
+                # the file's stored summary: a pair file made by an earlier tokenflip (whose
+                # summary lacks a newer figure) then reports like a new one.
+                row.update(status="done", **compare.summarize(table), machine_a=meta["machines"]["a"],
                            machine_b=meta["machines"]["b"])
                 df = table.select(["prompt_id", "identical", "first_div_step", "margin_a_at_div",
                                    "margin_b_at_div"]).to_pandas()
