@@ -214,27 +214,31 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return error.message
 
 
+def _undefined_names(config: dict[str, Any]):
+    """Labels and names a grid uses that are not defined (without them no cell can be listed)."""
+    for i, grid in enumerate(config["grids"]):
+        for axis, block in (("decoding", "decoding"), ("intervention", "interventions")):
+            for label in grid.get(axis, [AXIS_DEFAULTS[axis]]):
+                if label not in config[block]:
+                    yield (f"grids.{i}.{axis}: {label!r} is not defined under '{block}' "
+                           f"(defined: {sorted(config[block])})")
+        for key in ("models", "benchmarks"):
+            for name in grid.get(key, []):
+                if name not in config[key]:
+                    yield f"grids.{i}.{key}: {name!r} is not defined under '{key}' (defined: {sorted(config[key])})"
+
+
 def _semantic_problems(config: dict[str, Any]):
     """Cross-references the schema cannot express."""
     from .plan import expand_cells, pairs_of_comparison
 
-    for i, grid in enumerate(config["grids"]):
-        for axis, block, default in (("decoding", "decoding", "greedy"),
-                                     ("intervention", "interventions", "none")):
-            for label in grid.get(axis, [default]):
-                if label not in config[block]:
-                    yield (f"grids.{i}.{axis}: {label!r} is not defined under '{block}' "
-                           f"(defined: {sorted(config[block])})")
-    defaults = AXIS_DEFAULTS
+    undefined = list(_undefined_names(config))
+    yield from undefined
     values: dict[str, set] = {axis: set() for axis in COMPARABLE_AXES}
-    for i, grid in enumerate(config["grids"]):
+    for grid in config["grids"]:
         for axis in COMPARABLE_AXES:
             values[axis].update(v if axis == "batch_size" else str(v)
-                                for v in grid.get(axis, [defaults.get(axis)]))
-        for key, block in (("models", "models"), ("benchmarks", "benchmarks")):
-            for name in grid.get(key, []):
-                if name not in config[block]:
-                    yield f"grids.{i}.{key}: {name!r} is not defined under '{block}' (defined: {sorted(config[block])})"
+                                for v in grid.get(axis, [AXIS_DEFAULTS.get(axis)]))
     for i, comp in enumerate(config["comparisons"]):
         axis = comp["axis"]
         if comp["a"] == comp["b"]:
@@ -251,26 +255,13 @@ def _semantic_problems(config: dict[str, Any]):
                 if name not in config[key]:
                     yield (f"probes.{probe}.{key}: {name!r} is not defined under '{key}' "
                            f"(defined: {sorted(config[key])})")
-    if not any(True for _ in _reference_problems(config)):
+    if not undefined:
         cells = expand_cells(config)
         for i, comp in enumerate(config["comparisons"]):
             if comp["a"] != comp["b"] and not pairs_of_comparison(comp, cells):
                 yield (f"comparisons.{i}: {comp['axis']} {comp['a']!r} vs {comp['b']!r} forms no pair: no two "
                        f"cells differ only in {comp['axis']!r} (put both values in one grid, with the same "
                        f"other axis values)")
-
-
-def _reference_problems(config: dict[str, Any]):
-    """Names a grid uses that are not defined (without them the cells cannot be listed)."""
-    for grid in config["grids"]:
-        for axis, block in (("decoding", "decoding"), ("intervention", "interventions")):
-            for label in grid.get(axis, [AXIS_DEFAULTS[axis]]):
-                if label not in config[block]:
-                    yield label
-        for key in ("models", "benchmarks"):
-            for name in grid.get(key, []):
-                if name not in config[key]:
-                    yield name
 
 
 def load(path: str | Path, check_data: bool = True) -> dict[str, Any]:

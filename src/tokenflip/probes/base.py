@@ -25,8 +25,6 @@ COMMON_OPTIONS: dict[str, Any] = {
     "benchmarks": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "string"},
                    "description": "run on these benchmarks only (default: all)"},
 }
-# Options that choose where a probe runs, not what it computes (not part of its job spec).
-TARGET_OPTIONS = ("models", "benchmarks")
 
 
 @dataclass(frozen=True)
