@@ -120,11 +120,12 @@ def triggered_prompts(table: pa.Table) -> set[str]:
     return {pid for pid, fired in zip(table.column("prompt_id").to_pylist(), hit) if fired}
 
 
-def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked) -> tuple[list[dict], dict[str, dict]]:
+def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked,
+              cells: list[Cell] | None = None) -> tuple[list[dict], dict[str, dict]]:
     """One row per planned cell (missing ones included), and the metadata of the usable ones
     (with the prompts its intervention fired on, under `_triggered`)."""
     rows, metas = [], {}
-    for cell in expand_cells(config):
+    for cell in cells if cells is not None else expand_cells(config):
         path = layout.cell(cell.id)
         row: dict[str, Any] = {"cell_id": cell.id, **cell.as_dict(), "status": "missing"}
         if Path(path).exists():
@@ -165,12 +166,12 @@ def check_pair(path: str, pair: Pair, cell_metas: dict[str, dict]) -> tuple[pa.T
     return table, meta
 
 
-def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, dict],
-              checked: Checked) -> tuple[list[dict], list[dict], dict[str, pd.DataFrame]]:
+def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, dict], checked: Checked,
+              pairs: list[Pair] | None = None) -> tuple[list[dict], list[dict], dict[str, pd.DataFrame]]:
     """One row per planned pair; the first-divergence rows; each usable pair's per-prompt
     agreement (for the interventions table)."""
     rows, first_div, agreement = [], [], {}
-    for pair in expand_pairs(config, expand_cells(config)):
+    for pair in pairs if pairs is not None else expand_pairs(config, expand_cells(config)):
         path = layout.pair(pair.id)
         row = _pair_base(pair)
         if Path(path).exists():
@@ -245,8 +246,8 @@ def _paired_bootstrap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
-def intervention_rows(config: dict[str, Any], agreement: dict[str, pd.DataFrame],
-                      cells: pd.DataFrame, metas: dict[str, dict] | None = None) -> list[dict[str, Any]]:
+def intervention_rows(config: dict[str, Any], agreement: dict[str, pd.DataFrame], cells: pd.DataFrame,
+                      metas: dict[str, dict] | None = None, pairs: list[Pair] | None = None) -> list[dict[str, Any]]:
     """Each intervention against no intervention for the same precision pair and every
     other axis equal: exact agreement, lift with a paired bootstrap 90% interval, exact
     McNemar on agreement, trigger rate and the per-token compute overhead of the two
@@ -257,7 +258,7 @@ def intervention_rows(config: dict[str, Any], agreement: dict[str, pd.DataFrame]
     from .stats import mcnemar_exact
 
     groups: dict[tuple, dict[str, Pair]] = {}
-    for pair in expand_pairs(config, expand_cells(config)):
+    for pair in pairs if pairs is not None else expand_pairs(config, expand_cells(config)):
         if pair.axis == "precision":
             key = tuple(pair.shared()[axis] for axis in ("model", "benchmark", *COMPARABLE_AXES)
                         if axis not in ("precision", "intervention")) + (pair.a.precision, pair.b.precision)
@@ -321,16 +322,18 @@ def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:
     """Every summary table of the run, and what was refused."""
     checked = Checked()
-    cells, metas = cell_rows(config, layout, checked)
+    planned_cells = expand_cells(config)
+    planned_pairs = expand_pairs(config, planned_cells)
+    cells, metas = cell_rows(config, layout, checked, planned_cells)
     cells_df = pd.DataFrame(cells)
-    pairs, first_div, agreement = pair_rows(config, layout, metas, checked)
+    pairs, first_div, agreement = pair_rows(config, layout, metas, checked, planned_pairs)
     frames = {
         "cells": cells_df,
         "pairs": pd.DataFrame(pairs),
         "first_divergence": pd.DataFrame(first_div, columns=[
             "pair_id", "label", "axis", "context", "model", "benchmark", "prompt_id", "first_div_step",
             "margin_a_at_div", "margin_b_at_div"]),
-        "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df, metas)),
+        "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df, metas, planned_pairs)),
         "environment": pd.DataFrame(environment_rows(metas), columns=["kind", "name", "json"]),
         **probe_frames(config, layout, checked),
     }
