@@ -705,10 +705,8 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         config_yaml=json.dumps(config, indent=2, sort_keys=True, default=str),
     )
     html = _TEMPLATES.get_template("report.html.j2").render(**context)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    tmp.write_text(html)
-    tmp.replace(out_path)
+    with storage.atomic_path(out_path) as tmp:
+        tmp.write_text(html)
     write_tables(context, tables_dir or out_path.parent / "tables")
     return out_path
 
@@ -747,9 +745,8 @@ def write_tables(context: dict[str, Any], out_dir: str | Path) -> list[Path]:
         if not isinstance(rows, list) or not rows:
             path.unlink(missing_ok=True)
             continue
-        tmp = path.with_name(f".{name}.tmp")
-        pd.DataFrame(rows).to_csv(tmp, index=False)
-        tmp.replace(path)
+        with storage.atomic_path(path) as tmp:
+            pd.DataFrame(rows).to_csv(tmp, index=False)
         written.append(path)
     for stale in out_dir.glob("*.csv"):
         if stale not in written:

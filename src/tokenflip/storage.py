@@ -9,6 +9,7 @@ write of the same file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -128,23 +129,19 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     return removed
 
 
-def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> None:
-    """Write atomically with `metadata` as JSON in the schema metadata, first removing any
-    temporary a killed earlier write of the same file left behind."""
+@contextlib.contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temporary path beside `path`; when the block ends without error, the file is
+    synced and renamed into place (a killed writer leaves no file that looks complete, and a
+    job whose scheduler died leaves none at all). Temporaries that killed earlier writes of
+    the same file left behind are removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    meta = dict(table.schema.metadata or {})
-    meta[META_KEY] = json.dumps({"schema_version": SCHEMA_VERSION, **metadata}, sort_keys=True,
-                                default=str).encode()
-    table = table.replace_schema_metadata(meta)
     fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        # zstd-3: the smallest of the fast codecs on these list columns (1.1-1.2x smaller than
-        # snappy, about 135 bytes per generated token at k=16; perf/storage.py).
-        # Page checksums: a corrupt data page is an error on read, not silently wrong values.
-        pq.write_table(table, tmp, compression="zstd", compression_level=3, write_page_checksum=True)
+        yield Path(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         exit_if_orphaned(lambda: Path(tmp).unlink(missing_ok=True))  # an orphaned job leaves no result
@@ -154,18 +151,23 @@ def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         raise
 
 
+def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> None:
+    """Write atomically with `metadata` as JSON in the schema metadata."""
+    meta = dict(table.schema.metadata or {})
+    meta[META_KEY] = json.dumps({"schema_version": SCHEMA_VERSION, **metadata}, sort_keys=True,
+                                default=str).encode()
+    table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp:
+        # zstd-3: the smallest of the fast codecs on these list columns (1.1-1.2x smaller than
+        # snappy, about 135 bytes per generated token at k=16; perf/storage.py).
+        # Page checksums: a corrupt data page is an error on read, not silently wrong values.
+        pq.write_table(table, tmp, compression="zstd", compression_level=3, write_page_checksum=True)
+
+
 def write_json(path: str | Path, data: Any) -> None:
-    """Write a small JSON record atomically (temporary name, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write a small JSON record atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
