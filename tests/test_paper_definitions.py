@@ -96,8 +96,7 @@ def test_the_paper_table_puts_each_headline_beside_ours_or_says_it_is_missing():
                            "decoding": "greedy", "intervention": "none", "batch_size": 1.0, "model": "m",
                            "n_prompts": 10, "n_diverged": 6, "accuracy_a": 0.5, "accuracy_b": 0.5,
                            "median_first_div_step": 12.0}])
-    rows = {r["claim"]: r for r in comparison_rows(pairs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), "cpu",
-                                                    {"C_gated"})}
+    rows = {r["claim"]: r for r in comparison_rows(pairs, pd.DataFrame(), "cpu", {"C_gated"})}
     fp16 = rows["token divergence, cache ON vs OFF, FP16 greedy"]
     assert (fp16["paper_figure"], fp16["ours"]) == ("100%", "40%") and "n = 10" in fp16["our_conditions"]
     assert rows["cache ON more accurate"]["ours"] == "1 of 1"
@@ -115,11 +114,45 @@ def test_the_directional_perturbation_decides_the_flip():
 
     from tokenflip.probes.replay import Replay, step_differences
 
-    a = Replay(tokens=[0, 0], logits=torch.tensor([[4.0, 3.0, 0.0], [4.0, 3.0, 0.0]]),
-               layer_outputs=torch.zeros(2, 1, 2))
-    b = Replay(tokens=[0, 0], logits=torch.tensor([[3.6, 3.7, 0.0], [3.9, 3.2, 0.0]]),
-               layer_outputs=torch.zeros(2, 1, 2))
+    none = dict(layer_outputs=torch.zeros(2, 1, 2), embedding=torch.zeros(2, 2), normed=torch.zeros(2, 2))
+    a = Replay(tokens=[0, 0], logits=torch.tensor([[4.0, 3.0, 0.0], [4.0, 3.0, 0.0]]), **none)
+    b = Replay(tokens=[0, 0], logits=torch.tensor([[3.6, 3.7, 0.0], [3.9, 3.2, 0.0]]), **none)
     d = step_differences(a, b)
     assert abs(d["directional"][0] - 1.1) < 1e-6 and abs(d["directional"][1] - 0.3) < 1e-6
     assert list(d["flip"]) == [True, False]
     assert list(d["directional"] > d["margin_a"]) == list(d["flip"])
+
+
+def test_the_paper_table_reads_the_mechanism_probes_by_the_papers_definitions():
+    """Hand-made probe tables whose answers are known: the head's share is its part of the
+    summed squares, margins are medians of the final-layer lens per prompt group, a graft
+    counts in the direction the state went, KL recovered is the median per patch."""
+    import pandas as pd
+
+    from tokenflip.paper import ProbeTables, comparison_rows
+
+    steps = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "flip": [True, False], "sigma_z": [3.0, 1.0],
+                          "sigma_z_head": [3.0, 0.0], "sigma_z_body": [0.0, 1.0], "margin_a": [0.1, 2.0],
+                          "directional": [0.2, 0.0]})
+    lens = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "prompt_id": ["p1", "p1", "p2", "p2", "p3", "p3",
+                                                                              "q1", "q1", "q2", "q2"],
+                         "group": ["diverged"] * 6 + ["agreed"] * 4, "layer": [0, 1] * 5,
+                         "margin_a": [0.4, 0.01, 0.3, 0.03, 0.2, 0.05, 2.0, 5.0, 3.0, 7.0],
+                         "top1_agree": [True, False, False, False, True, False, True, True, True, True]})
+    grafting = pd.DataFrame({"model": "m", "site": "final_norm", "layer": -1, "fixed": [True, False, True, True],
+                             # bf16 ← fp16 twice as (a=bf16, b→a), once as (a=fp16, a→b); then fp16 ← bf16
+                             "a": ["bf16", "bf16", "fp16", "bf16"], "b": ["fp16", "fp16", "bf16", "fp16"],
+                             "direction": ["b→a", "b→a", "a→b", "a→b"]})
+    patching = pd.DataFrame({"model": "m", "precision": "fp16", "step": 3,
+                             "kind": ["none", "residual stream", "kv cache"] * 2,
+                             "kl_recovered": [0.0, 0.1, 1.0, 0.0, 0.3, 1.0]})
+    rows = {r["claim"]: r["ours"] for r in comparison_rows(
+        pd.DataFrame(), pd.DataFrame(), "cpu", set(),
+        ProbeTables(precision_steps=steps, lens=lens, grafting=grafting, kv_patching=patching))}
+    assert rows["LM head's share of the per-logit perturbation"] == "90%"  # 9 / (9 + 1)
+    assert rows["median top-2 margin, Diverged vs Agreed prompts"] == "0.03 vs 6"
+    assert rows["lens margin from first to last layer, Diverged; Agreed"] == "0.3 → 0.03; 2.5 → 6"
+    assert rows["top-1 agreement of the two precisions at body layers"] == "67%–67%"
+    assert rows["flips fixed by grafting FP16's final norm into BF16"] == "67%"  # 2 of the 3 into bf16
+    assert rows["KL recovered: residual stream vs KV cache patch"] == "20% vs 100%"
+    assert rows["KV-cache graft, FP16's own cache into BF16"] == "–"  # no such graft in these rows

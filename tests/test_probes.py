@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -37,16 +38,55 @@ def test_bf16_kv_cache_is_the_causal_state(prepared_models):
     r, *_ = _probe(prepared_models, "llama", "bf16")
     steps, patching = r["steps"], r["patching"]
     assert steps["kl"].max() > 1e-9  # bf16 cache on and off really differ on this model
-    pivot = patching.pivot(index="step", columns="patch", values="kl")
-    assert len(pivot) == 2 and (pivot["none"] > 0).all()
-    # The whole KV cache recomputed without a cache makes the next step equal to cache-off.
-    kv = patching[patching["patch"] == "kv_cache"]
-    assert (kv["max_abs_dlogit"] == 0).all() and (kv["kl"] == 0).all()
-    # Patching the residual stream of the previous position leaves the difference in place.
-    assert (pivot["residual"] >= 0.5 * pivot["none"]).all()
+    by = patching.pivot(index="step", columns="patch", values="kl")
+    assert len(by) == 2 and (by["none"] > 0).all()
+    # The unpatched step run alone from its own cache is the replay's step, bit for bit.
+    # (KL summed over one row instead of many: equal to float64 rounding.)
+    assert list(by["none"]) == pytest.approx([steps.loc[t, "kl"] for t in by.index], rel=1e-12)
+    none = patching[patching["patch"] == "none"]
+    assert list(none["max_abs_dlogit"]) == [steps.loc[t, "max_abs_dlogit"] for t in none["step"]]
+    # Cache-off's own keys and values make the cache-on step equal to cache-off's exactly:
+    # the whole cache, and (layer 0 computes the same in both) layer 1's alone.
+    for patch in ("kv cache", "kv layer 1", "residual layer 1"):
+        rows = patching[patching["patch"] == patch]
+        assert (rows["max_abs_dlogit"] == 0).all() and (rows["kl"] == 0).all() and (rows["kl_recovered"] == 1).all()
+    # The residual stream at the current position (embedding and layer 0, which agree in both
+    # runs) leaves the difference in place: the last layer still attends over cache-on keys.
+    for patch in ("residual stream", "residual layer 0", "kv layer 0"):
+        assert list(by[patch]) == list(by["none"])
+        assert (patching.loc[patching["patch"] == patch, "kl_recovered"] == 0).all()
     # Layer drift: the embedding-fed first layer agrees exactly; the difference appears after.
     by_layer = r["layers"].groupby("layer")["l2"].mean()
     assert by_layer[0] == 0 and by_layer[1] > 0
+
+
+def test_one_step_from_a_cache_is_that_step_of_the_replay(prepared_models):
+    """What the probes' patches build on: step t run alone from the cache a cache-on run
+    holds before t gives that run's logits and activations bit for bit, at every step."""
+    from tokenflip.probes.replay import cache_before, step_once
+
+    model, tokenizer, _ = load_prepared(prepared_models("mistral"), "bf16", "cpu")
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 1})
+    prompt = prompt_token_ids(tokenizer, bench.messages(bench.items()[0]))
+    run = replay(model, prompt, use_cache=True, max_new_tokens=10, eos_token_ids=eos_ids(model, tokenizer),
+                 pad_token_id=tokenizer.pad_token_id)
+    for t in range(len(run.tokens)):
+        cache = cache_before(model, prompt, run.tokens, t)
+        one = step_once(model, prompt, run.tokens, t, cache)
+        assert torch.equal(one.logits[0], run.logits[t])
+        assert torch.equal(one.layer_outputs[0], run.layer_outputs[t])
+        assert torch.equal(one.embedding[0], run.embedding[t]) and torch.equal(one.normed[0], run.normed[t])
+        if cache is not None:  # the cache handed in is copied, never extended
+            assert cache.get_seq_length() == len(prompt) + t - 1
+
+
+def test_kl_recovered_share():
+    from tokenflip.probes.kv_cache import kl_recovered
+
+    assert kl_recovered(0.25, 1.0) == 0.75
+    assert kl_recovered(0.0, 2.0) == 1.0
+    assert kl_recovered(3.0, 1.5) == -1.0  # a patch can make it worse
+    assert np.isnan(kl_recovered(0.0, 0.0))
 
 
 def test_replay_of_own_trajectory_is_bitwise_free_generation(prepared_models):
@@ -89,13 +129,19 @@ def test_precision_probe_finds_and_explains_flips(prepared_models):
         steps = r["steps"]
         assert (steps["kl"] >= 0).all() and (steps["kl"] > 0).any()  # bf16 and fp16 always differ somewhere
         if not steps["flip"].any():
-            assert r["grafting"].empty and r["lens"].empty
+            assert r["grafting"].empty  # nothing to graft; the lens traces the first token
+            assert set(r["lens"]["group"]) == {"agreed"} and set(r["lens"]["step"]) == {0}
             continue
         flipped += 1
         t = int(steps.index[steps["flip"]][0])
         graft = r["grafting"]
-        assert sorted(graft["graft"]) == sorted([f"layer {i}" for i in range(2)] + (["kv cache"] if t else []))
-        assert len(r["lens"]) == 2 and r["lens"]["top2_agree"].dtype == bool
+        sites = ["embedding", "layer 0", "layer 1", "final norm"] + (["kv cache"] if t else [])
+        for direction in ("b→a", "a→b"):
+            assert list(graft.loc[graft["direction"] == direction, "graft"]) == sites
+        lens = r["lens"]
+        assert list(lens["layer"]) == [0, 1] and set(lens["group"]) == {"diverged"} and set(lens["step"]) == {t}
+        # The final layer's lens is the model's own readout: its margin is the step's.
+        assert lens["margin_a"].iloc[-1] == pytest.approx(steps.loc[t, "margin_a"], abs=1e-6)
     assert flipped >= 1  # this tiny model flips between bf16 and fp16 on some of these prompts
 
 
@@ -128,8 +174,7 @@ def test_grafting_the_last_layer_from_b_fixes_every_flip(prepared_models):
     b, so a's logits at the flip step become b's bit for bit and the flip is fixed. Grafting
     layer 0 changes nothing (both compute it identically), so it fixes nothing."""
     from tokenflip.probes.precision import probe_prompt as precision_probe
-    from tokenflip.probes.replay import all_layers
-
+    
     model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
     model_b = _last_mlp_in_fp8(load_prepared(prepared_models("llama"), "fp32", "cpu")[0])
     bench = build_benchmark("a", {"kind": "arithmetic", "n": 8})
@@ -147,9 +192,16 @@ def test_grafting_the_last_layer_from_b_fixes_every_flip(prepared_models):
             continue
         flipped += 1
         t = int(steps.index[steps["flip"]][0])
-        fixed = dict(zip(r["grafting"]["graft"], r["grafting"]["fixed"]))
-        assert fixed.pop("layer 0") is False and fixed.pop("layer 1") is True
-        assert list(fixed) == (["kv cache"] if t else [])
+        graft = r["grafting"]
+        for direction in ("b→a", "a→b"):
+            fixed = dict(zip(*graft.loc[graft["direction"] == direction, ["graft", "fixed"]].T.values))
+            # The last layer's output and the final norm's carry the whole difference; the
+            # embedding, layer 0 and the KV cache (the MLP feeds no key or value) none of it.
+            assert fixed == {"embedding": False, "layer 0": False, "layer 1": True, "final norm": True,
+                             **({"kv cache": False} if t else {})}, direction
+        # The heads are the same (fp32 both): the whole perturbation is the body's.
+        assert (steps["sigma_z_head"] == 0).all()
+        assert np.allclose(steps["sigma_z_body"], steps["sigma_z"], rtol=1e-4, atol=1e-7)
 
         # The same grafts by hand: the logits after the graft are exactly b's (or a's own).
         a = replay(model_a, prompt, use_cache=True, max_new_tokens=24, **kw)
@@ -157,9 +209,30 @@ def test_grafting_the_last_layer_from_b_fixes_every_flip(prepared_models):
         assert a.logits[t].argmax() != b.logits[t].argmax()
         upto = a.tokens[: t + 1]
         for patch, expected in (({1: b.layer_outputs[t, 1]}, b.logits[t]),      # the last layer
-                                (all_layers(b.layer_outputs[t]), b.logits[t]),   # every layer at once
+                                (dict(enumerate(b.layer_outputs[t])), b.logits[t]),   # every layer at once
                                 ({0: b.layer_outputs[t, 0]}, a.logits[t])):      # layer 0: a no-op
             grafted = replay(model_a, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
-                             patch_residual={t: patch}, **kw)
+                             patches={t: patch}, **kw)
             assert torch.equal(grafted.logits[t], expected)
     assert flipped >= 1  # rounding one MLP to fp8 flips this tiny model on some of these prompts
+
+
+def test_a_perturbation_confined_to_the_lm_head_is_all_head(prepared_models):
+    """b is a (fp32) with an untied copy of its LM head rounded to bf16: the hidden states
+    are the same, so the body's part of σz is exactly 0 and the head's is all of σz."""
+    from tokenflip.probes.precision import probe_prompt as precision_probe
+
+    model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
+    model_b, _, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
+    head = model_b.get_output_embeddings()
+    rounded = torch.nn.Linear(head.in_features, head.out_features, bias=False)
+    with torch.no_grad():
+        rounded.weight.copy_(head.weight.to(torch.bfloat16).float())
+    model_b.set_output_embeddings(rounded)
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 1})
+    prompt = prompt_token_ids(tokenizer, bench.messages(bench.items()[0]))
+    r = precision_probe(model_a, model_b, prompt, 12, eos_ids(model_a, tokenizer), tokenizer.pad_token_id, 0)
+    steps = pd.DataFrame(r["steps"])
+    assert (pd.DataFrame(r["layers"])["l2"] == 0).all()
+    assert (steps["sigma_z_body"] == 0).all() and (steps["sigma_z_head"] > 0).all()
+    assert np.allclose(steps["sigma_z_head"], steps["sigma_z"], rtol=1e-4)

@@ -142,7 +142,7 @@ def decode(
     seqs = _Sequences(input_ids.to(device), attention_mask.to(device))
     batch = input_ids.shape[0]
     cache = _new_cache(model) if use_cache else None
-    eos = torch.tensor(sorted(set(eos_token_ids)), device=device)
+    eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     generations = [Generation() for _ in range(batch)]
     start = time.perf_counter()

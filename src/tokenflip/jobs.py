@@ -230,6 +230,9 @@ class ProbeJob:
     options: dict = field(default_factory=dict)
     device: str = "auto"
     threads: int | None = None
+    # The probe's table version (Probe.version): tables of another version are not read,
+    # and Snakemake sees changed params and makes them again.
+    version: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,5 +246,6 @@ class ProbeJob:
         _check_types("probe job", {"probe": (data["probe"], str), "run_seed": (data["run_seed"], int),
                                    "model": (data["model"], dict), "benchmark": (data["benchmark"], dict),
                                    "max_new_tokens": (data["max_new_tokens"], int),
-                                   "prompts": (data["prompts"], int), "options": (data.get("options", {}), dict)})
+                                   "prompts": (data["prompts"], int), "options": (data.get("options", {}), dict),
+                                   "version": (data.get("version", 1), int)})
         return cls(**data)

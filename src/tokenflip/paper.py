@@ -5,6 +5,7 @@ papers and where it cannot be compared. Computed from the summary tables only.""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pandas as pd
@@ -45,16 +46,38 @@ def _divergence(pairs: pd.DataFrame) -> tuple[str, str]:
     return _pct(d / n if n else float("nan")), f"{_models(pairs)}; {len(pairs)} pair(s), n = {n}"
 
 
+@dataclass
+class ProbeTables:
+    """The probe summaries the comparison reads (empty where a probe did not run)."""
+
+    kv_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    kv_patching: pd.DataFrame = field(default_factory=pd.DataFrame)
+    precision_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    grafting: pd.DataFrame = field(default_factory=pd.DataFrame)
+    lens: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+def _grafts_into(grafting: pd.DataFrame, into: str, source: str) -> pd.DataFrame:
+    """Grafting rows where `source`'s state went into `into`'s run."""
+    if grafting.empty or "direction" not in grafting:
+        return grafting.iloc[0:0]
+    forward = (grafting["a"] == into) & (grafting["b"] == source) & (grafting["direction"] == "b→a")
+    backward = (grafting["b"] == into) & (grafting["a"] == source) & (grafting["direction"] == "a→b")
+    return grafting[forward | backward]
+
+
 def gated_c_labels(config: dict[str, Any]) -> set[str]:
     """The config's names for the paper's intervention C (whole LM head in FP32, gated)."""
     return {name for name, spec in config.get("interventions", {}).items()
             if spec.get("kind") == "fp32_head" and spec.get("gated", True)}
 
 
-def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, kv_steps: pd.DataFrame,
-                    precision_steps: pd.DataFrame, device: str, c_labels: set[str]) -> list[dict[str, str]]:
+def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: str, c_labels: set[str],
+                    probes: ProbeTables | None = None) -> list[dict[str, str]]:
     """Rows of (paper, claim, paper's figure and conditions, ours and our conditions). A row
     whose data this run does not have says so instead of a number."""
+    probes = probes or ProbeTables()
+    kv_steps, precision_steps = probes.kv_steps, probes.precision_steps
     rows: list[dict[str, str]] = []
 
     def add(paper: str, claim: str, theirs: str, their_conditions: str, compute: Callable[[], tuple[str, str]]):
@@ -89,6 +112,16 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, kv_steps: 
         return f"10^{math.log10(ratio):.1f}", f"median per-step KL, probe, {steps['prompt_id'].nunique()} prompt(s)"
     add(KV, "FP32 shrinks the drift (KL ratio FP16 / FP32)", "≈ 10^8", "Fig. 3, GPU", kl_ratio)
 
+    def patching() -> tuple[str, str]:
+        rows = need(probes.kv_patching)
+        rows = rows[rows["precision"] == "fp16"] if (rows["precision"] == "fp16").any() else rows
+        med = rows.groupby("kind")["kl_recovered"].median()
+        return (f"{_pct(float(med['residual stream']))} vs {_pct(float(med['kv cache']))}",
+                f"{_models(rows)}; median KL recovered, {', '.join(sorted(set(rows['precision'])))}, "
+                f"{len(rows[rows['kind'] == 'none'])} patched step(s)")
+    add(KV, "KL recovered: residual stream vs KV cache patch", "residual stream fails; KV cache recovers",
+        "Fig. 5, 3 models", patching)
+
     no_int = lambda: need(_pairs(pairs, "precision", "bf16", "fp16", intervention="none", batch_size=1))  # noqa: E731
     add(PRECISION, "prompts whose greedy output differs, BF16 vs FP16", "49–100%",
         "6 models 1.1–7B, GSM8K/HumanEval/MBPP, A10G", lambda: _divergence(no_int()))
@@ -104,12 +137,60 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, kv_steps: 
     add(PRECISION, "σz, per-logit RMS of the logit difference", "0.026", "TinyLlama, §I.3", sigma)
 
     def margins() -> tuple[str, str]:
-        steps = need(precision_steps)
-        flips, kept = steps[steps["flip"]], steps[~steps["flip"]]
-        return (f"{_num(float(flips['margin_a'].median()))} vs {_num(float(kept['margin_a'].median()))}",
-                f"{_models(steps)}; probe steps that flip vs that do not")
-    add(PRECISION, "median top-2 margin, diverging vs agreeing", "0.039 vs 5.733",
+        # App. I.3 / §7.5: one traced step per prompt, read through the final-layer lens,
+        # Diverged prompts at their first flip against Agreed prompts.
+        lens = need(probes.lens)
+        last = lens[lens["layer"] == lens.groupby("model")["layer"].transform("max")]
+        div, agr = last[last["group"] == "diverged"], last[last["group"] == "agreed"]
+        return (f"{_num(float(div['margin_a'].median()))} vs {_num(float(agr['margin_a'].median()))}",
+                f"{_models(last)}; final-layer lens, {len(div)} Diverged vs {len(agr)} Agreed prompt(s)")
+    add(PRECISION, "median top-2 margin, Diverged vs Agreed prompts", "0.039 vs 5.733",
         "final-layer logit lens, TinyLlama, §I.3", margins)
+
+    def margin_trend() -> tuple[str, str]:
+        lens = need(probes.lens)
+        first, last = lens["layer"].min(), lens.groupby("model")["layer"].transform("max")
+        med = lambda group, rows: _num(float(rows[rows["group"] == group]["margin_a"].median()))  # noqa: E731
+        top, bottom = lens[lens["layer"] == first], lens[lens["layer"] == last]
+        return (f"{med('diverged', top)} → {med('diverged', bottom)}; {med('agreed', top)} → {med('agreed', bottom)}",
+                f"{_models(lens)}; lens margin, first → last layer, Diverged; Agreed")
+    add(PRECISION, "lens margin from first to last layer, Diverged; Agreed", "0.33 → 0.04; 2.06 → 5.73",
+        "TinyLlama, App. II(iv), Table 10", margin_trend)
+
+    def body_lens() -> tuple[str, str]:
+        lens = need(probes.lens)
+        div = lens[(lens["group"] == "diverged") & (lens["layer"] < lens.groupby("model")["layer"].transform("max"))]
+        per_layer = need(div).groupby(["model", "layer"])["top1_agree"].mean()
+        return (f"{_pct(float(per_layer.min()))}–{_pct(float(per_layer.max()))}",
+                f"{_models(div)}; body layers at the first flip, {div['prompt_id'].nunique()} prompt(s)")
+    add(PRECISION, "top-1 agreement of the two precisions at body layers", "93–100%", "App. II(iv)", body_lens)
+
+    def head_share() -> tuple[str, str]:
+        steps = need(precision_steps)
+        head, body = (steps["sigma_z_head"] ** 2).sum(), (steps["sigma_z_body"] ** 2).sum()
+        return _pct(float(head / (head + body))), f"{_models(steps)}; measured, σ_head² / (σ_head² + σ_body²)"
+    add(PRECISION, "LM head's share of the per-logit perturbation", "97.6%", "estimated, TinyLlama, §7.3",
+        head_share)
+
+    def graft(site: str, into: str, source: str, layer: str | None = None) -> Callable[[], tuple[str, str]]:
+        def compute() -> tuple[str, str]:
+            rows = _grafts_into(probes.grafting, into, source)
+            rows = rows[rows["site"] == site]
+            if layer == "last":
+                rows = rows[rows["layer"] == rows.groupby("model")["layer"].transform("max")]
+            elif layer == "body":
+                rows = rows[rows["layer"] < rows.groupby("model")["layer"].transform("max")]
+            rows = need(rows)
+            return _pct(float(rows["fixed"].mean())), f"{_models(rows)}; {len(rows)} graft(s) at flip steps"
+        return compute
+    for claim, figure, args in (
+            ("flips fixed by grafting FP16's embedding into BF16", "29.4%", ("embedding", "bf16", "fp16")),
+            ("flips fixed by grafting one FP16 body layer into BF16", "≈ 36%", ("layer", "bf16", "fp16", "body")),
+            ("flips fixed by grafting FP16's last layer into BF16", "65%", ("layer", "bf16", "fp16", "last")),
+            ("flips fixed by grafting FP16's final norm into BF16", "71%", ("final_norm", "bf16", "fp16")),
+            ("KV-cache graft, FP16's own cache into BF16", "47.5%", ("kv_cache", "bf16", "fp16")),
+            ("KV-cache graft, BF16's own cache into FP16", "35.6%", ("kv_cache", "fp16", "bf16"))):
+        add(PRECISION, claim, figure, "TinyLlama, App. II(ii)-(iii), Table 8", graft(*args))
 
     def decision_rule() -> tuple[str, str]:
         steps = need(precision_steps)

@@ -112,4 +112,5 @@ def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str) ->
         options={key: spec[key] for key in PROBES[probe].options if key in spec},
         device=config["generation"]["device"],
         threads=config["generation"]["threads"],
+        version=PROBES[probe].version,
     )

@@ -251,39 +251,74 @@ def drift_figure(layers: pd.DataFrame) -> str | None:
     return _svg(fig)
 
 
+# Whole-state patches of the KV-cache probe, in reading order (the per-layer ones are drawn
+# against the layer).
+WHOLE_PATCHES = ("residual stream", "kv cache")
+
+
 def patching_figure(patching: pd.DataFrame) -> str | None:
-    """KL remaining after patching cache-OFF state into the cache-ON run (paper Fig. 5)."""
-    if patching.empty:
+    """Share of the KL to cache-OFF recovered by patching cache-OFF state into the cache-ON
+    step (paper Fig. 5): the whole residual stream and the whole KV cache, then one layer
+    at a time."""
+    if patching.empty or "kind" not in patching:
         return None
-    data = patching.assign(kl_plot=patching["kl"].clip(lower=1e-20))
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    # Log scale set after drawing: seaborn's log_scale=(False, True) drops bars that start at 0.
-    sns.barplot(data=data, x="precision", y="kl_plot", hue="patch", hue_order=["none", "residual", "kv_cache"],
-                estimator="median", errorbar=None, ax=ax)
-    ax.set_yscale("log")
-    ax.set_ylabel("KL to cache-OFF at the patched step (median)")
+    data = patching[patching["kind"] != "none"].dropna(subset=["kl_recovered"])
+    if data.empty:
+        return None
+    data = data.assign(recovered=100 * data["kl_recovered"])
+    fig, (whole_ax, layer_ax) = plt.subplots(1, 2, figsize=(9, 3.2), gridspec_kw={"width_ratios": [1, 2]})
+    whole = data[data["kind"].isin(WHOLE_PATCHES)]
+    sns.barplot(data=whole, x="kind", y="recovered", hue="precision", order=list(WHOLE_PATCHES),
+                estimator="median", errorbar=None, ax=whole_ax)
+    whole_ax.set_xlabel("")
+    whole_ax.set_ylabel("KL recovered (%, median)")
+    per_layer = data[data["kind"].isin(["residual layer", "kv layer"])]
+    sns.lineplot(data=per_layer, x="layer", y="recovered", hue="precision", style="kind", estimator="median",
+                 errorbar=None, marker="o", ax=layer_ax)
+    layer_ax.set_ylabel("KL recovered (%, median)")
+    for ax in (whole_ax, layer_ax):
+        ax.axhline(100, color="grey", linewidth=0.6)
     return _svg(fig)
 
 
 def patching_table(patching: pd.DataFrame) -> list[dict[str, Any]]:
-    if patching.empty:
+    """Unpatched, the whole residual stream and the whole KV cache, per model and
+    precision; the per-layer patches are in the figure and tables/kv_patching_layers.csv."""
+    if patching.empty or "kind" not in patching:
         return []
-    agg = patching.groupby(["model", "precision", "patch"], as_index=False).agg(
-        experiments=("kl", "size"), median_kl=("kl", "median"), flips=("flip", "sum"),
-        max_abs_dlogit=("max_abs_dlogit", "max"))
-    order = {"none": 0, "residual": 1, "kv_cache": 2}
+    data = patching[patching["kind"].isin(("none", *WHOLE_PATCHES))]
+    agg = data.groupby(["model", "precision", "patch"], as_index=False).agg(
+        experiments=("kl", "size"), median_kl=("kl", "median"), recovered=("kl_recovered", "median"),
+        flips=("flip", "sum"), max_abs_dlogit=("max_abs_dlogit", "max"))
+    order = {"none": 0, "residual stream": 1, "kv cache": 2}
     return agg.sort_values(["model", "precision", "patch"], key=lambda c: c.map(order) if c.name == "patch" else c
                            ).to_dict("records")
 
 
-def probe_sigma_z(steps: pd.DataFrame) -> dict[tuple[str, str, str, str], float]:
+def patching_layer_table(patching: pd.DataFrame) -> list[dict[str, Any]]:
+    """The per-layer patches, one row per model, precision, kind and layer."""
+    if patching.empty or "kind" not in patching:
+        return []
+    data = patching[patching["kind"].isin(("residual layer", "kv layer"))]
+    return data.groupby(["model", "precision", "kind", "layer"], as_index=False).agg(
+        experiments=("kl", "size"), median_kl=("kl", "median"), recovered=("kl_recovered", "median"),
+        flips=("flip", "sum")).to_dict("records")
+
+
+def probe_sigma_z(steps: pd.DataFrame) -> dict[tuple[str, str, str, str], dict[str, float]]:
     """σz as arXiv 2609.26621 §I.3 defines it (per-logit RMS of the logit difference over
-    the whole vocabulary), pooled over the precision probe's steps as an RMS, per model,
+    the whole vocabulary), pooled over the precision probe's steps as an RMS, and the LM
+    head's share of it (§7.3: 97.6%), Σσ_head² / Σ(σ_head² + σ_body²), per model,
     benchmark and precision pair."""
     if steps.empty or "sigma_z" not in steps:
         return {}
-    pooled = steps.assign(sq=steps["sigma_z"] ** 2).groupby(["model", "benchmark", "a", "b"])["sq"].mean() ** 0.5
-    return {key: float(value) for key, value in pooled.items()}
+    keys = ["model", "benchmark", "a", "b"]
+    sq = steps.assign(total=steps["sigma_z"] ** 2, head=steps.get("sigma_z_head", float("nan")) ** 2,
+                      body=steps.get("sigma_z_body", float("nan")) ** 2).groupby(keys)[["total", "head", "body"]]
+    mean, summed = sq.mean(), sq.sum()
+    share = summed["head"] / (summed["head"] + summed["body"])
+    return {key: {"sigma_z": float(mean.loc[key, "total"] ** 0.5), "head_share": float(share.loc[key])}
+            for key in mean.index}
 
 
 def precision_table(pairs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict[str, Any]]:
@@ -297,7 +332,9 @@ def precision_table(pairs: pd.DataFrame, steps: pd.DataFrame | None = None) -> l
     prec = prec.assign(ear_low=1 - prec["divergence_ci_high"], ear_high=1 - prec["divergence_ci_low"])
     prec = prec[prec["intervention"] == "none"]
     sigma = probe_sigma_z(steps if steps is not None else pd.DataFrame())
-    prec["sigma_z"] = [sigma.get((r.model, r.benchmark, r.a, r.b), float("nan")) for r in prec.itertuples()]
+    nothing = {"sigma_z": float("nan"), "head_share": float("nan")}
+    for column in nothing:
+        prec[column] = [sigma.get((r.model, r.benchmark, r.a, r.b), nothing)[column] for r in prec.itertuples()]
     return prec.sort_values(["model", "benchmark", "a", "b", "cache", "batch_size"]).to_dict("records")
 
 
@@ -327,22 +364,60 @@ def batch_figure(interventions: pd.DataFrame) -> str | None:
     return _svg(fig)
 
 
+# Grafting sites in the order of the forward pass, and the label of each as a column.
+GRAFT_ORDER = {"embedding": -2, "final_norm": 10_000, "kv_cache": 10_001}
+GRAFT_COLUMNS = {-2: "emb", 10_000: "norm", 10_001: "KV"}
+
+
+def graft_frame(grafting: pd.DataFrame) -> pd.DataFrame:
+    """Grafting rows with `into` (the run grafted into, ← the precision grafted from) and a
+    `position` that orders the sites as the forward pass meets them."""
+    into = grafting["a"].where(grafting["direction"] == "b→a", grafting["b"])
+    source = grafting["b"].where(grafting["direction"] == "b→a", grafting["a"])
+    position = grafting["site"].map(GRAFT_ORDER).fillna(grafting["layer"]).astype(int)
+    return grafting.assign(into=into + " ← " + source, position=position)
+
+
 def grafting_table(grafting: pd.DataFrame) -> list[dict[str, Any]]:
-    """Flips fixed by grafting one layer (or the KV cache) of precision b into a (paper Table 8)."""
-    if grafting.empty:
+    """Flips fixed by grafting one site (or the KV cache) of the other precision, in both
+    directions (paper Table 8, App. II(iii))."""
+    if grafting.empty or "direction" not in grafting:
         return []
-    agg = grafting.groupby(["model", "a", "b", "graft", "layer"], as_index=False).agg(
+    frame = graft_frame(grafting)
+    agg = frame.groupby(["model", "into", "graft", "position"], as_index=False).agg(
         flips=("fixed", "size"), fixed=("fixed", "sum"))
-    return agg.assign(rate=agg["fixed"] / agg["flips"]).sort_values(["model", "a", "b", "layer"]).to_dict("records")
+    return agg.assign(rate=agg["fixed"] / agg["flips"]).sort_values(["model", "into", "position"]).to_dict("records")
 
 
 def lens_table(lens: pd.DataFrame) -> list[dict[str, Any]]:
-    """Logit-lens agreement between precisions per layer at flip steps (paper Table 10)."""
-    if lens.empty:
+    """Logit lens per layer for Diverged and Agreed prompts (paper Table 10, App. III):
+    top-1 and top-2 agreement, median top-2 margins of both precisions, mean layer L2."""
+    if lens.empty or "group" not in lens:
         return []
-    agg = lens.groupby(["model", "a", "b", "layer"], as_index=False).agg(
-        steps=("top1_agree", "size"), top1=("top1_agree", "mean"), top2=("top2_agree", "mean"))
-    return agg.sort_values(["model", "a", "b", "layer"]).to_dict("records")
+    agg = lens.groupby(["model", "a", "b", "group", "layer"], as_index=False).agg(
+        prompts=("top1_agree", "size"), top1=("top1_agree", "mean"), top2=("top2_agree", "mean"),
+        margin_a=("margin_a", "median"), margin_b=("margin_b", "median"), l2=("l2", "mean"))
+    return agg.sort_values(["model", "a", "b", "group", "layer"]).to_dict("records")
+
+
+def lens_figure(lens: pd.DataFrame) -> str | None:
+    """Median top-2 margin of precision a's logit lens and mean layer L2, per layer, for
+    Diverged and Agreed prompts (paper App. II(iv): the Diverged margin shrinks to the
+    last layer while the Agreed one grows; App. III: the body L2 does not tell them apart)."""
+    if lens.empty or "group" not in lens:
+        return None
+    data = lens.assign(margin_plot=lens["margin_a"].clip(lower=1e-6), l2_plot=lens["l2"].clip(lower=1e-12))
+    fig, (margin_ax, l2_ax) = plt.subplots(1, 2, figsize=(9, 3.2))
+    style = _model_style(data)
+    sns.lineplot(data=data, x="layer", y="margin_plot", hue="group", hue_order=["diverged", "agreed"], style=style,
+                 estimator="median", errorbar=None, marker="o", ax=margin_ax)
+    margin_ax.set_yscale("log")
+    margin_ax.set_ylabel("median top-2 margin (lens, a)")
+    sns.lineplot(data=data, x="layer", y="l2_plot", hue="group", hue_order=["diverged", "agreed"], style=style,
+                 estimator="mean", errorbar=None, marker="o", ax=l2_ax)
+    l2_ax.set_yscale("log")
+    l2_ax.set_ylabel("mean ‖h_a − h_b‖₂")
+    return _svg(fig)
 
 
 def precision_drift_figure(layers: pd.DataFrame) -> str | None:
@@ -550,9 +625,9 @@ def lift_heatmap(interventions: pd.DataFrame) -> str | None:
 
 def layer_heatmap(frame: pd.DataFrame, value: str, label: str, *, by: tuple[str, ...] = (), log: bool = False,
                   cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None,
-                  rate: bool = False) -> str | None:
+                  rate: bool = False, labels: dict[int, str] | None = None) -> str | None:
     """A per-layer probe result as a heatmap of (model · `by`) x layer, mean over
-    benchmarks, steps and prompts; layer -1 (the KV cache graft) shows as 'KV'."""
+    benchmarks, steps and prompts; `labels` names the columns that are not layers."""
     if frame.empty:
         return None
     rows = frame["model"].astype(str)
@@ -562,7 +637,7 @@ def layer_heatmap(frame: pd.DataFrame, value: str, label: str, *, by: tuple[str,
     data = frame.assign(row=rows).groupby(["row", "layer"], sort=False)[value].mean()
     table = data.unstack("layer")
     table = table.reindex(columns=sorted(table.columns)) * (100 if rate else 1)
-    table.columns = ["KV" if c == -1 else str(c) for c in table.columns]
+    table.columns = [(labels or {}).get(c, str(c)) for c in table.columns]
     order = list(dict.fromkeys(rows))
     return heatmap(table.reindex(order), cmap=cmap, label=label, log=log, vmin=vmin, vmax=vmax, xlabel="layer",
                    row_links=_model_links(order, set(frame["model"].astype(str))))
@@ -576,10 +651,17 @@ def overview_figures(pairs: pd.DataFrame, interventions: pd.DataFrame,
     grafting, lens = probes.get("precision_grafting", pd.DataFrame()), probes.get("precision_lens", pd.DataFrame())
     if not prec_layers.empty:
         prec_layers = prec_layers.assign(pair=prec_layers["a"] + " vs " + prec_layers["b"])
-    if not grafting.empty:
-        grafting = grafting.assign(pair=grafting["a"] + " ← " + grafting["b"], fixed=grafting["fixed"].astype(float))
-    if not lens.empty:
+    if not grafting.empty and "direction" in grafting:
+        grafting = graft_frame(grafting)
+        grafting = grafting.assign(pair=grafting["into"], layer=grafting["position"],
+                                   fixed=grafting["fixed"].astype(float))
+    else:
+        grafting = pd.DataFrame()
+    if not lens.empty and "group" in lens:
+        lens = lens[lens["group"] == "diverged"]
         lens = lens.assign(pair=lens["a"] + " vs " + lens["b"], top1=lens["top1_agree"].astype(float))
+    else:
+        lens = pd.DataFrame()
     specs = [
         ("ov-divergence", "Divergence rate by model and condition", lambda: divergence_heatmap(pairs),
          "Share of prompts whose two generated token sequences differ, pooled over benchmarks and shared "
@@ -596,15 +678,17 @@ def overview_figures(pairs: pd.DataFrame, interventions: pd.DataFrame,
         ("ov-precision-drift", "Per-layer drift between precisions",
          lambda: layer_heatmap(prec_layers, "l2", "mean ‖h_a − h_b‖₂", by=("pair",), log=True),
          "Precision a's trajectory replayed through b: L2 distance of each layer's output (paper 2, §7)."),
-        ("ov-grafting", "Flips fixed by grafting one layer",
+        ("ov-grafting", "Flips fixed by grafting one site",
          lambda: layer_heatmap(grafting, "fixed", "flips fixed (%)", by=("pair",), rate=True, cmap="Greens",
-                               vmin=0, vmax=100),
-         "Share of flip steps whose argmax becomes b's after grafting b's output of that layer (KV: the whole "
-         "KV cache) into a (paper 2, Table 8)."),
-        ("ov-lens", "Logit lens: top-1 agreement per layer",
-         lambda: layer_heatmap(lens, "top1", "top-1 agree at flip steps (%)", by=("pair",), rate=True,
+                               vmin=0, vmax=100, labels=GRAFT_COLUMNS),
+         "Share of flip steps whose argmax becomes the other precision's after grafting its embedding, one "
+         "layer's output, its final norm's output or its own KV cache into the run (row: into ← from; paper 2, "
+         "Table 8 and App. II(iii))."),
+        ("ov-lens", "Logit lens: top-1 agreement per layer, Diverged prompts",
+         lambda: layer_heatmap(lens, "top1", "top-1 agree at the first flip (%)", by=("pair",), rate=True,
                                cmap="Blues", vmin=0, vmax=100),
-         "Each layer read through the final norm and LM head at flip steps (paper 2, Table 10)."),
+         "Each layer read through the final norm and LM head of both precisions at each Diverged prompt's "
+         "first flip (paper 2, Table 10)."),
     ]
     out = []
     for key, title, draw, caption in specs:
@@ -665,8 +749,11 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         + (" (partial: some jobs failed)" if partial else ""),
         run=config["run"],
         headline=_headline(done_pairs),
-        paper_rows=paper.comparison_rows(pairs_df, interventions_df, kv_steps, prec_steps,
-                                         _device_label(environment), paper.gated_c_labels(config)),
+        paper_rows=paper.comparison_rows(pairs_df, interventions_df, _device_label(environment),
+                                         paper.gated_c_labels(config),
+                                         paper.ProbeTables(kv_steps=kv_steps, kv_patching=kv_patching,
+                                                           precision_steps=prec_steps, grafting=grafting,
+                                                           lens=lens)),
         pairs=pairs_df.sort_values(["model", "benchmark", "axis", "a", "b", "context"]).to_dict("records")
         if not pairs_df.empty else [],
         cells=cells_df.sort_values("cell_id").to_dict("records") if not cells_df.empty else [],
@@ -682,6 +769,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         cv_rows=cv_heuristic(cells_df, interventions_df),
         grafting_rows=grafting_table(grafting),
         lens_rows=lens_table(lens),
+        fig_lens=lens_figure(lens),
         fig_precision_drift=precision_drift_figure(prec_layers),
         precision_probe_flips=int(prec_steps["flip"].sum()) if not prec_steps.empty else 0,
         precision_probe_steps=len(prec_steps),
@@ -693,6 +781,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         fig_drift=drift_figure(kv_layers),
         fig_patching=patching_figure(kv_patching),
         patching_rows=patching_table(kv_patching),
+        patching_layer_rows=patching_layer_table(kv_patching),
         probe_flips=int(kv_steps["flip"].sum()) if not kv_steps.empty else 0,
         probe_steps=len(kv_steps),
         environment=environment,

@@ -42,6 +42,8 @@ class Probe:
     summary_prefix: str
     options: dict = field(default_factory=dict)
     aggregate: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = field(default_factory=dict)
+    # Raise when the tables' columns or meaning change: older tables are then made again.
+    version: int = 1
 
     def summary_tables(self) -> list[str]:
         return [f"{self.summary_prefix}_{table}" for table in self.tables]

@@ -1,13 +1,20 @@
 """KV-cache probe: where cache-on and cache-off decoding part numerically, and which
-state carries the difference.
+state carries the difference (arXiv 2604.15409, Fig. 2-5).
 
 For each prompt of a subset and each precision, the cache-on trajectory is generated
 greedily and replayed through cache-off decoding. At identical inputs we measure per
 step the full-vocabulary KL(ON‖OFF), whether the argmax would flip, the top-2 margin, and
-the L2 difference of every layer's output (drift). Then, at a few steps, we patch the
-cache-on run with cache-off state — the residual stream (every layer, current position,
-previous step) or the whole KV cache — and measure how much of the KL and of the flip is
-recovered.
+the L2 difference of every layer's output (drift). Then, at a few steps, the cache-on
+step is run again from its own cache with some of cache-off's state patched in, and we
+record the share of the KL recovered (paper Fig. 5) and whether the flip is undone.
+What each patch replaces, at that step only:
+- `residual layer i`: layer i's output at the current position;
+- `residual stream`: the input of every layer at the current position (the embedding
+  and the outputs of all layers but the last): the whole residual stream the cache-on
+  step computes, while its attention still reads the cache-on keys and values;
+- `kv layer i`: layer i's keys and values of every past position;
+- `kv cache`: the keys and values of every layer and past position.
+Cache-off's keys and values are those its own forward at that step computes.
 """
 
 from __future__ import annotations
@@ -42,9 +49,37 @@ def patch_steps(kl: np.ndarray, flips: np.ndarray, count: int) -> list[int]:
     return sorted(chosen[:count])
 
 
+def kl_recovered(kl_patched: float, kl_none: float) -> float:
+    """Share of the KL a patch removes, 1 − KL_patched / KL_unpatched (paper Fig. 5); NaN
+    when there is nothing to recover. Negative when the patch makes things worse."""
+    return 1.0 - kl_patched / kl_none if kl_none > 0 else float("nan")
+
+
+def patches_at(model, prompt: list[int], on, off, t: int) -> list[tuple[str, str, int, Any]]:
+    """(label, kind, layer, how to run) of every patch at step t: a function of the
+    cache-on cache before t that runs the patched step."""
+    from .replay import cache_before, recomputed_cache, step_once, with_layer_kv
+
+    tokens = on.tokens
+    own = cache_before(model, prompt, tokens, t)
+    off_kv = recomputed_cache(model, prompt, tokens, t)
+    n_layers = on.layer_outputs.shape[1]
+    stream = {"embedding": off.embedding[t], **{i: off.layer_outputs[t, i] for i in range(n_layers - 1)}}
+    runs = [("none", "none", -1, lambda: step_once(model, prompt, tokens, t, own))]
+    runs += [(f"residual layer {i}", "residual layer", i,
+              lambda i=i: step_once(model, prompt, tokens, t, own, {i: off.layer_outputs[t, i]}))
+             for i in range(n_layers)]
+    runs.append(("residual stream", "residual stream", -1, lambda: step_once(model, prompt, tokens, t, own, stream)))
+    runs += [(f"kv layer {i}", "kv layer", i,
+              lambda i=i: step_once(model, prompt, tokens, t, with_layer_kv(own, off_kv, i)))
+             for i in range(n_layers)]
+    runs.append(("kv cache", "kv cache", -1, lambda: step_once(model, prompt, tokens, t, off_kv)))
+    return runs
+
+
 def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
                  n_patch: int) -> dict[str, list[dict[str, Any]]]:
-    from .replay import all_layers, kl_divergence, prefill_cache, replay, step_differences
+    from .replay import kl_divergence, replay, step_differences
 
     kwargs = dict(eos_token_ids=eos, pad_token_id=pad)
     on = replay(model, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kwargs)
@@ -61,16 +96,16 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
               for t in range(diff.shape[0]) for layer in range(diff.shape[1])]
     patching = []
     for t in patch_steps(kl, flips, n_patch):
-        upto = on.tokens[: t + 1]
-        residual = replay(model, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
-                          patch_residual={t - 1: all_layers(off.layer_outputs[t - 1])}, **kwargs)
-        kv = replay(model, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
-                    patch_cache={t: lambda t=t: prefill_cache(model, prompt, on.tokens[: t - 1])}, **kwargs)
-        for kind, logits in (("none", on.logits[t]), ("residual", residual.logits[t]), ("kv_cache", kv.logits[t])):
-            patched_kl = float(kl_divergence(logits[None], off.logits[t][None])[0])
-            patching.append({"step": t, "patch": kind, "kl": patched_kl,
-                             "flip": bool(int(logits.argmax()) != int(top_off[t])),
-                             "max_abs_dlogit": float((logits - off.logits[t]).abs().max())})
+        target = off.logits[t][None]
+        kl_none = None
+        for label, kind, layer, run in patches_at(model, prompt, on, off, t):
+            logits = run().logits
+            patched_kl = float(kl_divergence(logits, target)[0])
+            kl_none = patched_kl if kind == "none" else kl_none
+            patching.append({"step": t, "patch": label, "kind": kind, "layer": layer, "kl": patched_kl,
+                             "kl_recovered": kl_recovered(patched_kl, kl_none),
+                             "flip": bool(int(logits[0].argmax()) != int(top_off[t])),
+                             "max_abs_dlogit": float((logits[0] - off.logits[t]).abs().max())})
     return {"steps": steps, "layers": layers, "patching": patching}
 
 
@@ -112,4 +147,5 @@ PROBE = Probe(
         "patch_steps": {"type": "integer", "minimum": 0, "default": 3},
     },
     aggregate={"layers": _mean_over_prompts},
+    version=2,  # 2: patches per layer from cache-off's own keys and values, share of KL recovered
 )

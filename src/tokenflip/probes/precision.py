@@ -1,14 +1,20 @@
 """Cross-precision probe: where two precisions part, and which layer or state carries it
-(arXiv 2609.26621 §7: grafting, KV-cache grafting, logit lens, per-layer drift).
+(arXiv 2609.26621 §7, App. II, App. III, App. XII).
 
 For each prompt of a subset, precision a's greedy trajectory is generated and replayed
-through precision b (teacher forcing). At identical inputs we record per step KL(a‖b),
-whether the argmax differs, both margins, and the L2 distance of every layer's output.
-At the first flip steps we then ask what fixes the flip in run a:
-- layer grafting: replace one layer's output (current position) by precision b's;
-- KV-cache grafting: replace the whole KV cache by precision b's (same trajectory);
-- logit lens: do the two precisions agree on top-1 / top-2 when each layer's output is
-  read through the final norm and the LM head?
+through precision b (teacher forcing, cache on in both). At identical inputs we record
+per step KL(a‖b), whether the argmax differs, both margins, σz over the whole
+vocabulary, its split into the LM head's and the body's part, and the L2 distance of
+every layer's output. Then:
+- grafting (App. II(ii)-(iii), Table 8): at the first flip steps, one site of the other
+  precision replaces the run's own at the current position — the embedding, one layer's
+  output, the final norm's output — or its whole KV cache is the other precision's own
+  incremental cache (same trajectory, cast to the run's dtype). Both directions: b's
+  state into a (does a now pick b's token?) and a's into b (does b now pick a's?);
+- logit lens (App. II(iv), App. III, Table 10): each layer's output read through the
+  final norm and the LM head, in both precisions, at one traced step per prompt — the
+  first flip of a Diverged prompt, the first token of an Agreed one — with both top-2
+  margins and the layer's L2 distance, so the two groups can be compared layer by layer.
 """
 
 from __future__ import annotations
@@ -29,67 +35,84 @@ from .base import Probe, probe_metadata, setup, write_tables
 TABLES = ("steps", "layers", "grafting", "lens")
 
 
-def _cast_cache(cache, dtype: torch.dtype):
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None:
-            layer.keys = layer.keys.to(dtype)
-            layer.values = layer.values.to(dtype)
-    return cache
+def head_and_body(model_a, model_b, a, b) -> dict[str, np.ndarray]:
+    """σz split into the LM head's part and the body's part (arXiv 2609.26621 §7.3, §I.5:
+    the per-logit perturbation is the projected body error plus the head's own rounding).
+    With h the final norm's output and z_p(h) precision p's head applied to h:
+    head part = z_b(h_a) − z_a(h_a) (same input, other head arithmetic), body part =
+    z_b(h_b) − z_b(h_a) (same head, other hidden state); the two sum to z_b(h_b) − z_a(h_a).
+    The head's share is its part of the summed squares, σ_head² / (σ_head² + σ_body²)."""
+    from .replay import head_logits, rms
+
+    a_of_a = head_logits(model_a, a.normed)
+    b_of_a = head_logits(model_b, a.normed)
+    b_of_b = head_logits(model_b, b.normed)
+    return {"sigma_z_head": rms(b_of_a - a_of_a).numpy(), "sigma_z_body": rms(b_of_b - b_of_a).numpy()}
 
 
-def _lens_top2(model, layer_outputs: torch.Tensor) -> torch.Tensor:
-    """Top-2 token ids of each layer's output read through the final norm and LM head;
-    column 0 is the argmax (as decoding breaks ties), column 1 the best other token."""
-    import torch
+def graft_rows(model_a, model_b, prompt: list[int], a, b, t: int) -> list[dict[str, Any]]:
+    """At flip step t, each site of one precision grafted into the other's run (both
+    directions); `fixed`: the run's argmax becomes the other precision's."""
+    from .replay import cache_before, cast_cache, step_once
 
-    with torch.inference_mode():
-        norm = model.get_decoder().norm
-        head = model.get_output_embeddings()
-        logits = head(norm(layer_outputs.to(model.device, model.dtype))).float()
-        first = logits.argmax(-1)
-        second = logits.scatter(-1, first[:, None], float("-inf")).argmax(-1)
-        return torch.stack([first, second], dim=-1).cpu()
+    tokens = a.tokens
+    top_a, top_b = int(a.logits[t].argmax()), int(b.logits[t].argmax())
+    rows = []
+    for direction, target, source, wanted, source_model in (("b→a", model_a, b, top_b, model_b),
+                                                             ("a→b", model_b, a, top_a, model_a)):
+        own_cache = cache_before(target, prompt, tokens, t)
+        sites = [("embedding", "embedding", -1, source.embedding[t]),
+                 *((f"layer {i}", "layer", i, source.layer_outputs[t, i]) for i in range(source.layer_outputs.shape[1])),
+                 ("final norm", "final_norm", -1, source.normed[t])]
+        for label, site, layer, value in sites:
+            key = layer if site == "layer" else site
+            g = step_once(target, prompt, tokens, t, own_cache, {key: value})
+            rows.append({"step": t, "direction": direction, "graft": label, "site": site, "layer": layer,
+                         "fixed": int(g.logits[0].argmax()) == wanted})
+        if t >= 1:  # step 0 is the prefill: there is no cache yet
+            other_cache = cast_cache(cache_before(source_model, prompt, tokens, t), target.dtype)
+            g = step_once(target, prompt, tokens, t, other_cache)
+            rows.append({"step": t, "direction": direction, "graft": "kv cache", "site": "kv_cache", "layer": -1,
+                         "fixed": int(g.logits[0].argmax()) == wanted})
+    return rows
+
+
+def lens_rows(model_a, model_b, a, b, t: int, group: str, layer_l2: np.ndarray) -> list[dict[str, Any]]:
+    """Logit lens of both precisions at step t, per layer: top-1 and top-2 agreement, both
+    top-2 margins and the L2 distance of the layer outputs."""
+    from .replay import lens_logits, top2_margin
+
+    lens_a, lens_b = lens_logits(model_a, a.layer_outputs[t]), lens_logits(model_b, b.layer_outputs[t])
+    top2_a, top2_b = lens_a.topk(2, dim=-1).indices, lens_b.topk(2, dim=-1).indices
+    margin_a, margin_b = top2_margin(lens_a), top2_margin(lens_b)
+    return [{"step": t, "group": group, "layer": layer,
+             "top1_agree": bool(lens_a[layer].argmax() == lens_b[layer].argmax()),
+             "top2_agree": set(top2_a[layer].tolist()) == set(top2_b[layer].tolist()),
+             "margin_a": float(margin_a[layer]), "margin_b": float(margin_b[layer]),
+             "l2": float(layer_l2[t, layer])} for layer in range(lens_a.shape[0])]
 
 
 def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
                  n_flips: int) -> dict[str, list[dict[str, Any]]]:
-    from .replay import decoder_layers, prefill_cache, replay, step_differences
+    from .replay import replay, step_differences
 
     kw = dict(eos_token_ids=eos, pad_token_id=pad)
     a = replay(model_a, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kw)
     b = replay(model_b, prompt, use_cache=True, max_new_tokens=max_new_tokens, tokens=a.tokens, **kw)
-    d = step_differences(a, b)
-    kl, top_b = d["kl"], d["top_b"]
+    d = {**step_differences(a, b), **head_and_body(model_a, model_b, a, b)}
     flips = [int(t) for t in np.nonzero(d["flip"])[0]]
-    steps = [{"step": t, "kl": float(kl[t]), "flip": bool(d["flip"][t]),
-              "margin_a": float(d["margin_a"][t]), "margin_b": float(d["margin_b"][t]),
-              "sigma_z": float(d["sigma_z"][t]), "max_abs_dlogit": float(d["max_abs_dlogit"][t]),
-              "directional": float(d["directional"][t])}
-             for t in range(len(kl))]
+    per_step = ("kl", "margin_a", "margin_b", "sigma_z", "sigma_z_head", "sigma_z_body", "max_abs_dlogit",
+                "directional")
+    steps = [{"step": t, "flip": bool(d["flip"][t]), **{k: float(d[k][t]) for k in per_step}}
+             for t in range(len(d["kl"]))]
     diff = d["layer_l2"]
     layers = [{"step": t, "layer": layer, "l2": float(diff[t, layer])}
               for t in range(diff.shape[0]) for layer in range(diff.shape[1])]
-    grafting, lens = [], []
-    n_layers = len(decoder_layers(model_a))
-    for t in flips[:n_flips]:
-        upto = a.tokens[: t + 1]
-        for layer in range(n_layers):
-            g = replay(model_a, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
-                       patch_residual={t: {layer: b.layer_outputs[t, layer]}}, **kw)
-            grafting.append({"step": t, "graft": f"layer {layer}", "layer": layer,
-                             "fixed": bool(g.logits[t].argmax() == top_b[t])})
-        if t >= 1:
-            def b_cache(t=t):
-                return _cast_cache(prefill_cache(model_b, prompt, a.tokens[: t - 1]), model_a.dtype)
-            g = replay(model_a, prompt, use_cache=True, max_new_tokens=t + 1, tokens=upto,
-                       patch_cache={t: b_cache}, **kw)
-            grafting.append({"step": t, "graft": "kv cache", "layer": -1,
-                             "fixed": bool(g.logits[t].argmax() == top_b[t])})
-        lens_a, lens_b = _lens_top2(model_a, a.layer_outputs[t]), _lens_top2(model_b, b.layer_outputs[t])
-        for layer in range(n_layers):
-            lens.append({"step": t, "layer": layer,
-                         "top1_agree": bool(lens_a[layer, 0] == lens_b[layer, 0]),
-                         "top2_agree": bool(set(lens_a[layer].tolist()) == set(lens_b[layer].tolist()))})
+    grafting = [row for t in flips[:n_flips] for row in graft_rows(model_a, model_b, prompt, a, b, t)]
+    # One traced step per prompt (App. III's divergence-conditioned trace): a Diverged
+    # prompt at its first flip, an Agreed prompt at its first token (App. II(i)).
+    traced, group = (flips[0], "diverged") if flips else (0, "agreed")
+    lens = lens_rows(model_a, model_b, a, b, traced, group, diff)
     return {"steps": steps, "layers": layers, "grafting": grafting, "lens": lens}
 
 
@@ -123,7 +146,7 @@ _PRECISION = {"enum": ["fp32", "bf16", "fp16"]}
 
 PROBE = Probe(
     name="precision",
-    summary="precision a's greedy trajectory replayed in b: flips, layer and KV-cache grafting, logit lens",
+    summary="precision a's greedy trajectory replayed in b: flips, σz and its head share, grafting, logit lens",
     tables=TABLES,
     run=run_probe,
     summary_prefix="precision",
@@ -132,7 +155,9 @@ PROBE = Probe(
                   "type": "array", "minItems": 1,
                   "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": _PRECISION},
                   "default": [["bf16", "fp16"]]},
-        "flips": {"type": "integer", "minimum": 0, "default": 3},
+        "flips": {"type": "integer", "minimum": 0, "default": 3,
+                  "description": "graft at the first N flip steps of each prompt"},
     },
     aggregate={"layers": _mean_over_prompts},
+    version=2,  # 2: σz head/body split, grafting both ways from own caches, lens per prompt group
 )
