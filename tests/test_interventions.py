@@ -117,3 +117,140 @@ def test_temperature_sharpening_cannot_change_greedy_tokens(prepared_models):
     sharp = decode(model, ids, mask, **kw)
     assert [g.token_ids for g in sharp.generations] == [g.token_ids for g in base.generations]
     assert sharp.generations[0].top_logits[0][0] == pytest.approx(4 * base.generations[0].top_logits[0][0])
+
+
+def _batch(tokenizer, n=2):
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": n})
+    return left_pad([prompt_token_ids(tokenizer, bench.messages(i)) for i in bench.items()], tokenizer.pad_token_id)
+
+
+def test_round_to_fp8_by_hand():
+    """Row [1, 0.5, 0.3], E4M3 (largest finite 448): the scale is 1/448, 1 and 0.5 map to
+    448 and 224 exactly; 0.3 maps to 134.4, whose nearest E4M3 value is 128 (steps of 16
+    between 128 and 256), so it comes back as 128/448."""
+    from tokenflip.transforms import round_to_fp8
+
+    w = torch.tensor([[1.0, 0.5, 0.3], [-2.0, 0.0, 1.0]])
+    out = round_to_fp8(w, "e4m3")
+    assert out[0].tolist() == pytest.approx([1.0, 0.5, 128 / 448], rel=1e-6)
+    assert out[1].tolist() == pytest.approx([-2.0, 0.0, 1.0], rel=1e-6)  # -448, 0, 224: exact
+    assert out.dtype == w.dtype
+
+
+def test_fp8_weights_round_the_body_or_everything_and_keep_a_tied_embedding(prepared_models):
+    from tokenflip.transforms import round_to_fp8
+
+    base, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    body, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    whole, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    apply_to_model(body, {"kind": "fp8_weights", "scope": "body", "format": "e4m3"})
+    apply_to_model(whole, {"kind": "fp8_weights", "scope": "all", "format": "e5m2"})
+    q_base = base.get_decoder().layers[0].self_attn.q_proj.weight
+    assert torch.equal(body.get_decoder().layers[0].self_attn.q_proj.weight, round_to_fp8(q_base, "e4m3"))
+    assert not torch.equal(body.get_decoder().layers[0].self_attn.q_proj.weight, q_base)
+    assert torch.equal(body.get_output_embeddings().weight, base.get_output_embeddings().weight)
+    head = base.get_output_embeddings().weight
+    assert torch.equal(whole.get_output_embeddings().weight, round_to_fp8(head, "e5m2"))
+    # The embedding is never rounded, tied to the head or not.
+    assert torch.equal(whole.get_input_embeddings().weight, base.get_input_embeddings().weight)
+
+
+def test_fp32_scope_hands_the_head_an_unrounded_fp32_hidden_state(prepared_models):
+    """scope last_layer on a bf16 model: the last layer keeps fp32 keys and values, the head
+    receives fp32 that bf16 cannot hold; in an fp32 model the scope changes nothing."""
+    model, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    apply_to_model(model, {"kind": "fp32_head", "gated": False, "tau": 1e-3, "scope": "last_layer"})
+    seen = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    ids, mask = _batch(tokenizer)
+    kw = dict(max_new_tokens=6, use_cache=True, eos_token_ids=eos_ids(model, tokenizer),
+              pad_token_id=tokenizer.pad_token_id)
+    decode(model, ids, mask, **kw)
+    assert all(h.dtype == torch.float32 for h in seen)
+    assert any(not torch.equal(h, h.to(torch.bfloat16).float()) for h in seen)
+    from tokenflip.decode import _new_cache
+    cache = _new_cache(model)
+    model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+    assert cache.layers[-1].keys.dtype == torch.float32 and cache.layers[0].keys.dtype == torch.bfloat16
+
+    fp32, _, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
+    plain = decode(fp32, ids, mask, **kw)
+    apply_to_model(fp32, {"kind": "fp32_head", "gated": False, "tau": 1e-3, "scope": "last_layer"})
+    scoped = decode(fp32, ids, mask, **kw)
+    for a, b in zip(plain.generations, scoped.generations):
+        assert a.token_ids == b.token_ids and all(map(torch.equal, map(torch.from_numpy, a.top_logits),
+                                                      map(torch.from_numpy, b.top_logits)))
+
+
+def test_consensus_decodes_the_same_tokens_whatever_the_cell_precision(prepared_models):
+    """A bf16 cell and an fp16 cell with consensus decoding give bitwise the same logits,
+    the mean of the two precisions' own logits, at twice the forward passes."""
+    directory = prepared_models("llama")
+
+    def load(precision):
+        return load_prepared(directory, precision, "cpu")[0]
+
+    tokenizer = load_prepared(directory, "bf16", "cpu")[1]
+    ids, mask = _batch(tokenizer, 3)
+    kw = dict(max_new_tokens=8, use_cache=True, eos_token_ids=eos_ids(load("bf16"), tokenizer),
+              pad_token_id=tokenizer.pad_token_id)
+    spec = {"kind": "consensus", "precisions": ["bf16", "fp16"]}
+    runs = {p: decode(apply_to_model(load(p), spec, load), ids, mask, **kw) for p in ("bf16", "fp16")}
+    for a, b in zip(runs["bf16"].generations, runs["fp16"].generations):
+        assert a.token_ids == b.token_ids
+        assert all(torch.equal(torch.from_numpy(x), torch.from_numpy(y)) for x, y in zip(a.top_logits, b.top_logits))
+    with torch.no_grad():
+        plain = {p: load(p)(input_ids=ids, attention_mask=mask).logits[:, -1].float() for p in ("bf16", "fp16")}
+    first = (plain["bf16"] + plain["fp16"]) / 2
+    for row, gen in enumerate(runs["bf16"].generations):
+        assert gen.top_logits[0][0] == pytest.approx(float(first[row].max()), abs=1e-6)
+    # Without consensus the two precisions do not agree everywhere on this model.
+    alone = {p: decode(load(p), ids, mask, **kw) for p in ("bf16", "fp16")}
+    assert any(not torch.equal(torch.from_numpy(x), torch.from_numpy(y))
+               for a, b in zip(alone["bf16"].generations, alone["fp16"].generations)
+               for x, y in zip(a.top_logits, b.top_logits))
+
+
+def test_compose_applies_each_step_in_order(prepared_models):
+    from tokenflip.interventions import weights_precision
+    from tokenflip.transforms import round_to_fp8
+
+    model, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    head = model.get_output_embeddings().weight.detach().clone()
+    spec = {"kind": "compose", "of": [{"kind": "fp8_weights", "scope": "all", "format": "e4m3"},
+                                      {"kind": "fp32_head", "tau": 1e-3, "gated": True}]}
+    apply_to_model(model, spec, lambda p: None)
+    wrapped = model.get_output_embeddings()
+    assert isinstance(wrapped, InterventionHead) and torch.equal(wrapped.head.weight, round_to_fp8(head, "e4m3"))
+    assert weights_precision(spec, "bf16") == "bf16"
+    assert weights_precision({"kind": "compose", "of": [{"kind": "fp32_oracle"}, {"kind": "sharpen"}]}, "bf16") == "fp32"
+    with pytest.raises(ValueError, match="pass `load`"):
+        apply_to_model(model, spec)
+
+
+def test_consensus_cells_of_two_precisions_agree_exactly_end_to_end(prepared_models, tmp_path):
+    """From the config through run_cell and compare: the bf16 and fp16 cells with consensus
+    decoding form a pair with no divergence; without it, the same pair diverges."""
+    from conftest import tiny_study
+    from tokenflip import config as cfg
+    from tokenflip.cell import run_cell
+    from tokenflip.compare import compare_files
+    from tokenflip.layout import RunLayout
+    from tokenflip.plan import cell_job, expand_cells, expand_pairs
+
+    study = tiny_study()
+    study.update(benchmarks={"a": {"kind": "arithmetic", "n": 6, "max_new_tokens": 16}},
+                 interventions={"none": {"kind": "none"}, "consensus": {"kind": "consensus"}},
+                 grids=[{"precision": ["bf16", "fp16"], "cache": ["on"], "batch_size": [1],
+                         "intervention": ["none", "consensus"]}],
+                 comparisons=[{"axis": "precision", "a": "bf16", "b": "fp16"}])
+    config = cfg.validate(study, check_data=False)
+    layout = RunLayout(config["run"], root=str(tmp_path))
+    cells = expand_cells(config)
+    for cell in cells:
+        run_cell(cell_job(config, cell), prepared_models("llama"), layout.cell(cell.id), progress=False)
+    diverged = {}
+    for pair in expand_pairs(config, cells):
+        meta = compare_files(pair, layout.cell(pair.a.id), layout.cell(pair.b.id), layout.pair(pair.id))
+        diverged[pair.a.intervention] = meta["summary"]["n_diverged"]
+    assert diverged["consensus"] == 0 and diverged["none"] > 0

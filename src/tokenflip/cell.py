@@ -68,7 +68,8 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
     bench = build_benchmark(cell.benchmark, job.benchmark)
     model, tokenizer, manifest = load_prepared(model_dir, weights_precision(job.intervention, cell.precision),
                                                job.device, cell.attention)
-    model = apply_to_model(model, job.intervention)
+    model = apply_to_model(model, job.intervention,
+                           lambda precision: load_prepared(model_dir, precision, job.device, cell.attention)[0])
     records = generate_records(job, model, tokenizer, bench, progress)
     table = storage.cell_table(records, job.record_top_k)
     eos, pad = runtime.special_ids(model, tokenizer)

@@ -13,6 +13,7 @@ import jsonschema
 import yaml
 
 from .jobs import AXIS_DEFAULTS, COMPARABLE_AXES
+from .registry import kinds_schema
 
 # Shipped inside the package, so that any installation (not only a checkout) validates.
 SCHEMA_RESOURCE = ("tokenflip", "schemas/config.schema.yaml")
@@ -75,17 +76,6 @@ def _normalise(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _kinds_schema(entries: dict[str, dict[str, Any]], common: dict[str, Any]) -> dict[str, Any]:
-    """A mapping entry whose keys depend on its `kind`: one if/then branch per kind."""
-    return {
-        "type": "object", "required": ["kind"],
-        "properties": {"kind": {"enum": list(entries)}},
-        "allOf": [{"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
-                   "then": {"properties": {**common, **options}, "additionalProperties": False}}
-                  for kind, options in entries.items()],
-    }
-
-
 @functools.lru_cache(maxsize=1)
 def _schema_text() -> str:
     package, name = SCHEMA_RESOURCE
@@ -101,9 +91,9 @@ def schema() -> dict[str, Any]:
 
     full = yaml.safe_load(_schema_text())
     props = full["properties"]
-    props["benchmarks"]["additionalProperties"] = _kinds_schema(
+    props["benchmarks"]["additionalProperties"] = kinds_schema(
         {kind: cls.spec_schema for kind, cls in BENCHMARKS.items()}, COMMON_SPEC_SCHEMA)
-    props["interventions"]["additionalProperties"] = _kinds_schema(
+    props["interventions"]["additionalProperties"] = kinds_schema(
         {name: entry.options for name, entry in INTERVENTIONS.items()}, {"kind": {"type": "string"}})
     props["probes"]["properties"] = {
         name: {"type": "object", "additionalProperties": False, "description": probe.summary,

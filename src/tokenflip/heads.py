@@ -45,7 +45,10 @@ class InterventionHead(nn.Module):
         return out
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head(hidden)
+        # The usual 16-bit logits from the hidden state as the head's dtype holds it; an fp32
+        # scope before the head (transforms.fp32_scope) hands in fp32, which the recomputation
+        # below then uses unrounded.
+        logits = self.head(hidden.to(self.head.weight.dtype))
         last = logits[:, -1]
         if self.kind in ("quantize", "sharpen"):
             self.fired = torch.ones(last.shape[0], dtype=torch.bool, device=last.device)

@@ -12,9 +12,20 @@ Each intervention replaces the model's `lm_head` by a module that computes the u
 - `sharpen`: temperature sharpening, the last position's logits divided by a temperature
   below 1 (a supplementary control: argmax-preserving, so it cannot change greedy tokens).
 
-Model-level controls (weights rounded to 16 bit, compute in fp32; or the fp32 oracle) are
-applied at load time by `apply_to_model`. The wrapped model still works with
-`generate()`: `GatedFP32Head.wrap(model, tau)` is the public entry point.
+Model-level ones (torch code in `tokenflip.transforms`):
+
+- `global_fp32`: 16-bit weights, everything computed in fp32; `fp32_oracle`: fp32 weights.
+- `fp32_head` with `scope: final_norm | last_layer`: the broader FP32 scope of §7.6 (the
+  final norm, and the last decoder layer, always in fp32 before the head's recomputation).
+- `fp8_weights`: weights rounded to FP8 with a per-row scale, compute in the cell's
+  precision: FP8 storage emulated (App. XV ran FP8 kernels on hardware that has them).
+- `consensus`: each step runs the model in several precisions and takes the argmax of the
+  mean of their logits, so every precision's cell decodes the same tokens (§4.4, §I.7:
+  perfect agreement at about twice the compute).
+- `compose`: several of the above applied in order (e.g. FP8 weights, then gated C).
+
+The wrapped model still works with `generate()`: `GatedFP32Head.wrap(model, tau)` is the
+public entry point for C.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .registry import Registry
+from .registry import Registry, kinds_schema
 
 # The head modules need torch; the registry does not (the config schema and the Snakefile
 # read it), so they load on first use.
@@ -44,19 +55,25 @@ class Intervention:
     `options` is the JSON schema of its keys besides `kind` (defaults included: the config
     fills them in, so the cell's settings record every value used); `install` changes a
     model loaded in the cell's precision and returns it; `fp32_weights` loads the weights
-    in fp32 instead (the oracle)."""
+    in fp32 instead (the oracle); with `loads`, `install` also receives a function that
+    loads the model in another precision (`install(model, spec, load)`)."""
 
     name: str
     summary: str
-    install: Callable[[Any, dict], Any]
+    install: Callable[..., Any]
     options: dict = field(default_factory=dict)
     fp32_weights: bool = False
+    loads: bool = False
 
 
 def _head(kind: str) -> Callable[[Any, dict], Any]:
     def install(model, spec: dict):
         from .heads import InterventionHead
 
+        if spec.get("scope", "head") != "head":
+            from .transforms import fp32_scope
+
+            model = fp32_scope(model, spec["scope"])
         head = model.get_output_embeddings()
         options = {k: spec[k] for k in ("tau", "gated", "top_k", "temperature") if k in spec}
         model.set_output_embeddings(InterventionHead(head, kind, **options))
@@ -66,6 +83,26 @@ def _head(kind: str) -> Callable[[Any, dict], Any]:
 
 _TAU = {"type": "number", "exclusiveMinimum": 0, "default": 1e-3,
         "description": "top-2 margin gate / bin width (logits)"}
+_PRECISION = {"enum": ["fp32", "bf16", "fp16"]}
+
+
+def _fp8(model, spec: dict):
+    from .transforms import fp8_weights
+
+    return fp8_weights(model, spec["scope"], spec["format"])
+
+
+def _consensus(model, spec: dict, load):
+    from .transforms import consensus
+
+    return consensus(model, spec["precisions"], load)
+
+
+def _compose(model, spec: dict, load):
+    for step in spec["of"]:
+        model = apply_to_model(model, step, load)
+    return model
+
 
 # The intervention kinds a config may name: one entry per kind.
 INTERVENTIONS: Registry[Intervention] = Registry("intervention kind", [
@@ -74,23 +111,58 @@ INTERVENTIONS: Registry[Intervention] = Registry("intervention kind", [
     Intervention("topk_fp32", "B: top_k candidates recomputed in fp32 when the margin is below tau",
                  _head("topk_fp32"), {"tau": _TAU, "top_k": {"type": "integer", "minimum": 2, "default": 8}}),
     Intervention("fp32_head", "C: the whole LM head recomputed in fp32, gated by margin < tau or always",
-                 _head("fp32_head"), {"tau": _TAU, "gated": {"type": "boolean", "default": True}}),
+                 _head("fp32_head"), {
+                     "tau": _TAU, "gated": {"type": "boolean", "default": True},
+                     # No default: absent means the head alone, so cells made before the
+                     # option existed keep their recorded settings.
+                     "scope": {"enum": ["head", "final_norm", "last_layer"],
+                               "description": "fp32 beyond the head (§7.6): the final norm, and the last layer; "
+                                              "absent: the head only"}}),
     Intervention("sharpen", "logits divided by a temperature below 1 (cannot change greedy tokens)",
                  _head("sharpen"), {"temperature": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                                                     "default": 0.5}}),
     Intervention("global_fp32", "16-bit weights, fp32 compute", lambda model, spec: model.float()),
     Intervention("fp32_oracle", "fp32 weights and compute", lambda model, spec: model, fp32_weights=True),
+    Intervention("fp8_weights", "weights rounded to FP8 (per-row scale), compute in the cell's precision: "
+                 "emulated FP8", _fp8, {
+                     "scope": {"enum": ["all", "body"], "default": "all",
+                               "description": "all linear layers, or the decoder layers only (the head kept)"},
+                     "format": {"enum": ["e4m3", "e5m2"], "default": "e4m3"}}),
+    Intervention("consensus", "every step in each precision, argmax of the mean of their logits", _consensus, {
+        "precisions": {"type": "array", "minItems": 2, "uniqueItems": True, "items": _PRECISION,
+                       "default": ["bf16", "fp16"]}}, loads=True),
 ])
+
+# `compose` lists other kinds' entries in full (not by name), so a cell's settings record
+# every option of every step.
+INTERVENTIONS.register(Intervention(
+    "compose", "several interventions applied in order", _compose, {
+        "of": {"type": "array", "minItems": 2,
+               "items": kinds_schema({name: entry.options for name, entry in INTERVENTIONS.items()},
+                                     {"kind": {"type": "string"}}),
+               "description": "the interventions in the order they are applied, each written in full"}},
+    loads=True))
+
+
+def _steps(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return spec["of"] if spec.get("kind") == "compose" else [spec]
 
 
 def weights_precision(spec: dict[str, Any], precision: str) -> str:
     """The precision to load a cell's weights in: fp32 for the oracle, else the cell's."""
-    return "fp32" if INTERVENTIONS[spec.get("kind", "none")].fp32_weights else precision
+    oracle = any(INTERVENTIONS[step.get("kind", "none")].fp32_weights for step in _steps(spec))
+    return "fp32" if oracle else precision
 
 
-def apply_to_model(model, spec: dict[str, Any]):
-    """Install the intervention a config entry describes; returns the model."""
+def apply_to_model(model, spec: dict[str, Any], load: Callable[[str], Any] | None = None):
+    """Install the intervention a config entry describes; returns the model. `load(p)`
+    loads the same model in precision p (for kinds that need another copy)."""
     kind = spec.get("kind", "none")
     if kind not in INTERVENTIONS:
         raise ValueError(f"unknown intervention {kind!r}; known: {INTERVENTIONS.names()}")
-    return INTERVENTIONS[kind].install(model, spec)
+    entry = INTERVENTIONS[kind]
+    if not entry.loads:
+        return entry.install(model, spec)
+    if load is None:
+        raise ValueError(f"intervention {kind!r} loads the model in other precisions: pass `load`")
+    return entry.install(model, spec, load)

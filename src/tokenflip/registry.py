@@ -4,7 +4,7 @@ that adding one is its own file plus one line in its registry."""
 
 from __future__ import annotations
 
-from typing import Generic, Iterable, TypeVar
+from typing import Any, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -56,3 +56,15 @@ class Registry(Generic[T]):
 
     def values(self):
         return self._entries.values()
+
+
+def kinds_schema(entries: dict[str, dict[str, Any]], common: dict[str, Any]) -> dict[str, Any]:
+    """JSON schema of a config entry whose keys depend on its `kind`: one if/then branch
+    per kind with that kind's options (`entries`: kind -> options schema)."""
+    return {
+        "type": "object", "required": ["kind"],
+        "properties": {"kind": {"enum": list(entries)}},
+        "allOf": [{"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+                   "then": {"properties": {**common, **options}, "additionalProperties": False}}
+                  for kind, options in entries.items()],
+    }
