@@ -174,9 +174,14 @@ def _probe_frames(config: dict[str, Any], rng: np.random.Generator) -> dict[str,
                                                   "top1_on": rng.integers(0, 49152, STEPS),
                                                   "top1_off": rng.integers(0, 49152, STEPS)}))
                     for t in range(3):
-                        for patch, factor in (("none", 1.0), ("residual", 0.9), ("kv_cache", 0.0)):
+                        patches = [("none", "none", -1, 1.0), ("residual stream", "residual stream", -1, 0.9),
+                                   ("kv cache", "kv cache", -1, 0.0)]
+                        patches += [(f"{kind} {layer}", kind, layer, float(rng.random()))
+                                    for kind in ("residual layer", "kv layer") for layer in range(LAYERS)]
+                        for patch, kind, layer, factor in patches:
                             kv_patch.append({**key, "precision": precision, "prompt_id": f"arith-{p:04d}",
-                                             "step": 10 * t, "patch": patch, "kl": float(kl[t] * factor),
+                                             "step": 10 * t, "patch": patch, "kind": kind, "layer": layer,
+                                             "kl": float(kl[t] * factor), "kl_recovered": 1.0 - factor,
                                              "flip": False, "max_abs_dlogit": scale * 30 * factor})
                 growth = scale * (1 + layer_idx * (0.1 + 0.02 * mi))
                 l2 = np.outer(np.ones(STEPS), growth) * rng.lognormal(0, 0.3, (STEPS, LAYERS))
@@ -186,19 +191,35 @@ def _probe_frames(config: dict[str, Any], rng: np.random.Generator) -> dict[str,
             pair = {"a": "bf16", "b": "fp16"}
             for p in range(PROBED):
                 margin = rng.exponential(1.5, STEPS)
+                sigma_head, sigma_body = rng.lognormal(np.log(0.02), 0.3, STEPS), rng.lognormal(np.log(0.004), 0.3, STEPS)
+                flip = margin < 0.03
                 pr_steps.append(pd.DataFrame({**key, **pair, "prompt_id": f"arith-{p:04d}", "step": steps,
-                                              "kl": rng.lognormal(np.log(1e-3), 1.5, STEPS), "flip": margin < 0.03,
-                                              "margin_a": margin, "margin_b": margin + rng.normal(0, 0.02, STEPS)}))
-                for t in sorted(rng.choice(STEPS, 3, replace=False)):
+                                              "kl": rng.lognormal(np.log(1e-3), 1.5, STEPS), "flip": flip,
+                                              "margin_a": margin, "margin_b": margin + rng.normal(0, 0.02, STEPS),
+                                              "sigma_z": np.hypot(sigma_head, sigma_body), "sigma_z_head": sigma_head,
+                                              "sigma_z_body": sigma_body, "max_abs_dlogit": 30 * sigma_head,
+                                              "directional": rng.normal(0, 0.03, STEPS)}))
+                diverged = bool(flip.any())
+                traced = int(np.argmax(flip)) if diverged else 0
+                for layer in range(LAYERS):
+                    lens.append({**key, **pair, "prompt_id": f"arith-{p:04d}", "step": traced,
+                                 "group": "diverged" if diverged else "agreed", "layer": layer,
+                                 "top1_agree": bool(rng.random() < 0.5 + 0.5 * layer / LAYERS),
+                                 "top2_agree": bool(rng.random() < 0.8 + 0.2 * layer / LAYERS),
+                                 "margin_a": float(rng.exponential(0.3 if diverged else 3.0)),
+                                 "margin_b": float(rng.exponential(0.3 if diverged else 3.0)),
+                                 "l2": float(0.05 * (1 + 0.2 * layer))})
+                for t in np.nonzero(flip)[0][:3]:
                     fixed_from = int(rng.integers(LAYERS // 2, LAYERS))
-                    for layer in range(LAYERS):
-                        grafting.append({**key, **pair, "prompt_id": f"arith-{p:04d}", "step": int(t),
-                                         "graft": f"layer {layer}", "layer": layer, "fixed": layer >= fixed_from})
-                        lens.append({**key, **pair, "prompt_id": f"arith-{p:04d}", "step": int(t), "layer": layer,
-                                     "top1_agree": bool(rng.random() < 0.5 + 0.5 * layer / LAYERS),
-                                     "top2_agree": bool(rng.random() < 0.8 + 0.2 * layer / LAYERS)})
-                    grafting.append({**key, **pair, "prompt_id": f"arith-{p:04d}", "step": int(t),
-                                     "graft": "kv cache", "layer": -1, "fixed": bool(rng.random() < 0.7)})
+                    for direction in ("b→a", "a→b"):
+                        sites = [("embedding", "embedding", -1, False)]
+                        sites += [(f"layer {layer}", "layer", layer, layer >= fixed_from) for layer in range(LAYERS)]
+                        sites += [("final norm", "final_norm", -1, True), ("kv cache", "kv_cache", -1,
+                                                                           bool(rng.random() < 0.5))]
+                        for graft, site, layer, fixed in sites:
+                            grafting.append({**key, **pair, "prompt_id": f"arith-{p:04d}", "step": int(t),
+                                             "direction": direction, "graft": graft, "site": site, "layer": layer,
+                                             "fixed": fixed})
             growth = 0.05 * (1 + layer_idx * 0.2)
             l2 = np.outer(np.ones(STEPS), growth) * rng.lognormal(0, 0.3, (STEPS, LAYERS))
             pr_layers.append(pd.DataFrame({**key, **pair, "layer": np.tile(layer_idx, STEPS),

@@ -181,20 +181,26 @@ SHIPPED_PLANS = {
         # batch size 1 vs 8 for none/C_gated x 2 precisions = 4 (144), intervention none vs
         # C_gated at 4 batch sizes x 2 precisions = 8, vs global_fp32 and fp32_oracle at bs1
         # x 2 = 4 (432); and the repeats: bf16 vs fp16 among the copies (4 more precision
-        # pairs: 508) and default vs 2 per precision (8).
-        cells=1016, pairs={"precision": 508, "batch_size": 144, "intervention": 432, "repeat": 8},
+        # pairs: 508) and default vs 2 per precision (8). The testbed grid adds 6 interventions
+        # x 2 precisions on TinyLlama/GSM8K (12 cells: 1,028) and their 6 precision pairs (514);
+        # C_gated vs fp32_oracle at bs1 adds 2 intervention pairs per (model, benchmark) (504).
+        cells=1028, pairs={"precision": 514, "batch_size": 144, "intervention": 504, "repeat": 8},
         cell_ids=["tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-fp32_oracle",
                   "r1-distill-qwen-7b/math500/fp16-on-bs8-greedy-C_gated",
                   "qwen2.5-3b-instruct/humaneval/bf16-on-bs2-greedy-none",
                   "olmoe-1b-7b/mbpp/fp16-on-bs1-greedy-C_gated",
-                  "tinyllama-1.1b-chat/gsm8k/fp16-on-bs1-greedy-none-repeat=2"],
+                  "tinyllama-1.1b-chat/gsm8k/fp16-on-bs1-greedy-none-repeat=2",
+                  "tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-fp8_emulated_C"],
         absent_cell_ids=["mistral-7b/mbpp/bf16-on-bs4-greedy-sharpen",
+                         "tinyllama-1.1b-chat/mbpp/bf16-on-bs1-greedy-consensus",
                          "qwen2.5-7b-instruct/gsm8k/fp16-on-bs1-greedy-none-repeat=2"],
         pair_ids=["llama3.2-3b-instruct/mbpp/precision/bf16_vs_fp16/x-on-bs1-greedy-global_fp32",
                   "mistral-7b/gsm8k/precision/bf16_vs_fp16/x-on-bs4-greedy-C_gated",
                   "r1-distill-qwen-1.5b/humaneval/batch_size/1_vs_8/fp16-on-x-greedy-none",
                   "qwen2.5-1.5b-instruct/gsm8k/intervention/none_vs_C_gated/bf16-on-bs8-greedy-x",
-                  "tinyllama-1.1b-chat/math500/repeat/default_vs_2/bf16-on-bs1-greedy-none-repeat=x"],
+                  "tinyllama-1.1b-chat/math500/repeat/default_vs_2/bf16-on-bs1-greedy-none-repeat=x",
+                  "tinyllama-1.1b-chat/gsm8k/precision/bf16_vs_fp16/x-on-bs1-greedy-consensus",
+                  "olmoe-1b-7b/humaneval/intervention/C_gated_vs_fp32_oracle/fp16-on-bs1-greedy-x"],
         absent_pair_ids=["mistral-7b/gsm8k/batch_size/1_vs_8/bf16-on-x-greedy-sharpen",
                          "mistral-7b/gsm8k/batch_size/1_vs_4/bf16-on-x-greedy-none",
                          "mistral-7b/gsm8k/intervention/none_vs_global_fp32/bf16-on-bs8-greedy-x"]),

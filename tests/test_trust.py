@@ -376,3 +376,30 @@ def test_a_pair_file_from_an_earlier_version_is_summarised_from_its_data(finishe
     pairs = pq.read_table(workdir / "results/inc/summary/pairs.parquet").to_pandas().set_index("pair_id")
     row = pairs.loc["tiny/arith_a/cache/on_vs_off/fp32-x-bs1-greedy-none"]
     assert row["max_abs_length_diff"] == 0 and row["median_margin_agreed"] > 0
+
+
+@pytest.mark.slow
+def test_probe_tables_of_an_earlier_probe_version_are_refused_and_rescheduled(finished_tiny_study, tmp_path):
+    """A probe table written before the probe's tables changed (its settings carry no
+    `version`, or another one) is not summarised, and Snakemake schedules that probe again."""
+    workdir = copy_run(finished_tiny_study.workdir, tmp_path / "run")
+    path = workdir / "results/inc/probes/tiny/arith_a/kv_cache/patching.parquet"
+    table, meta = storage.read_table(path)
+    meta.pop("schema_version")
+    settings = {k: v for k, v in meta["settings"].items() if k != "version"}
+    storage.write_table(table, path, {**meta, "settings": settings})
+    proc = _summarize(workdir, finished_tiny_study.config)
+    assert proc.returncode == 1
+    line = next(line for line in proc.stderr.splitlines() if "kv_cache/patching.parquet" in line)
+    assert "settings.version = '<absent>', but the config asks for 2" in line
+    # What Snakemake recorded for those outputs when an earlier tokenflip made them: the
+    # job spec without `version`. The current spec differs, so the probe is made again.
+    import base64
+    for record in (workdir / ".snakemake" / "metadata").iterdir():
+        if "/probes/" in base64.b64decode(record.name.replace("@", "/")).decode(errors="replace"):
+            data = json.loads(record.read_text())
+            data["params"] = [p.replace(', "version": 2', "") if isinstance(p, str) else p for p in data["params"]]
+            record.write_text(json.dumps(data))
+    dry = run_snakemake(workdir, finished_tiny_study.config, "-n")
+    assert {rule for rule, _ in scheduled_jobs(dry.stdout)} >= {"probe_kv_cache", "summarize", "report"}
+    assert "params have changed" in dry.stdout

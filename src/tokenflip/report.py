@@ -406,7 +406,8 @@ def lens_figure(lens: pd.DataFrame) -> str | None:
     last layer while the Agreed one grows; App. III: the body L2 does not tell them apart)."""
     if lens.empty or "group" not in lens:
         return None
-    data = lens.assign(margin_plot=lens["margin_a"].clip(lower=1e-6), l2_plot=lens["l2"].clip(lower=1e-12))
+    # A tie (margin 0) is drawn at 10⁻³, the margin gate's τ: below it the order is a coin toss.
+    data = lens.assign(margin_plot=lens["margin_a"].clip(lower=1e-3), l2_plot=lens["l2"].clip(lower=1e-12))
     fig, (margin_ax, l2_ax) = plt.subplots(1, 2, figsize=(9, 3.2))
     style = _model_style(data)
     sns.lineplot(data=data, x="layer", y="margin_plot", hue="group", hue_order=["diverged", "agreed"], style=style,

@@ -56,6 +56,33 @@ def setup(job: ProbeJob) -> tuple[Benchmark, list[Item]]:
     return bench, bench.items()[: job.prompts]
 
 
+def run_over_prompts(job: ProbeJob, model_dir: str | Path, out_dir: str | Path, tables: tuple[str, ...],
+                     variants: list[tuple[dict[str, Any], tuple[str, ...]]],
+                     probe_one: Callable[..., dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """The loop every replay probe runs: for each variant (the columns it adds to every row,
+    and the precisions to load the model in), load those models, then for each prompt of
+    the subset call `probe_one(models, prompt, eos, pad)` and collect its tables; write
+    them with one provenance and return it."""
+    from ..models import load_prepared
+
+    bench, items = setup(job)
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in tables}
+    meta = None
+    for columns, precisions in variants:
+        loaded = [load_prepared(model_dir, precision, job.device) for precision in precisions]
+        models = [model for model, _, _ in loaded]
+        _, tokenizer, manifest = loaded[0]
+        meta = meta or probe_metadata(job, manifest, bench, models[0].device)
+        eos, pad = runtime.special_ids(models[0], tokenizer)
+        for item in items:
+            result = probe_one(models, runtime.encode_prompt(tokenizer, bench, item), eos, pad)
+            for name in tables:
+                rows[name].extend({**columns, "prompt_id": item.id, **r} for r in result[name])
+        del loaded, models
+    write_tables(out_dir, rows, meta)
+    return meta
+
+
 def write_tables(out_dir: str | Path, rows: dict[str, list[dict[str, Any]]], meta: dict[str, Any]) -> None:
     for name, records in rows.items():
         table = pa.Table.from_pandas(pd.DataFrame(records), preserve_index=False)

@@ -26,8 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..jobs import ProbeJob
-from ..runtime import encode_prompt, special_ids
-from .base import Probe, probe_metadata, setup, write_tables
+from .base import Probe, run_over_prompts
 
 # torch (through .replay and ..models) is imported inside the functions that compute: the
 # probe registry, which the config schema and the Snakefile read, imports this module.
@@ -111,23 +110,11 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
 
 def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Run the KV-cache probe for one model × benchmark over the configured precisions."""
-    from ..models import load_prepared
+    def one(models, prompt, eos, pad):
+        return probe_prompt(models[0], prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]))
 
-    bench, items = setup(job)
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
-    meta = None
-    for precision in job.options["precisions"]:
-        model, tokenizer, manifest = load_prepared(model_dir, precision, job.device)
-        meta = meta or probe_metadata(job, manifest, bench, model.device)
-        eos, pad = special_ids(model, tokenizer)
-        for item in items:
-            prompt = encode_prompt(tokenizer, bench, item)
-            result = probe_prompt(model, prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]))
-            for name in TABLES:
-                rows[name].extend({"precision": precision, "prompt_id": item.id, **r} for r in result[name])
-        del model
-    write_tables(out_dir, rows, meta)
-    return meta
+    variants = [({"precision": p}, (p,)) for p in job.options["precisions"]]
+    return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one)
 
 
 def _mean_over_prompts(layers: pd.DataFrame) -> pd.DataFrame:

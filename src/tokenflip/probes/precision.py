@@ -26,8 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..jobs import ProbeJob
-from ..runtime import encode_prompt, special_ids
-from .base import Probe, probe_metadata, setup, write_tables
+from .base import Probe, run_over_prompts
 
 # torch (through .replay and ..models) is imported inside the functions that compute: the
 # probe registry, which the config schema and the Snakefile read, imports this module.
@@ -57,10 +56,11 @@ def graft_rows(model_a, model_b, prompt: list[int], a, b, t: int) -> list[dict[s
 
     tokens = a.tokens
     top_a, top_b = int(a.logits[t].argmax()), int(b.logits[t].argmax())
+    caches = {id(m): cache_before(m, prompt, tokens, t) for m in (model_a, model_b)}
     rows = []
     for direction, target, source, wanted, source_model in (("b→a", model_a, b, top_b, model_b),
                                                              ("a→b", model_b, a, top_a, model_a)):
-        own_cache = cache_before(target, prompt, tokens, t)
+        own_cache = caches[id(target)]
         sites = [("embedding", "embedding", -1, source.embedding[t]),
                  *((f"layer {i}", "layer", i, source.layer_outputs[t, i]) for i in range(source.layer_outputs.shape[1])),
                  ("final norm", "final_norm", -1, source.normed[t])]
@@ -70,7 +70,7 @@ def graft_rows(model_a, model_b, prompt: list[int], a, b, t: int) -> list[dict[s
             rows.append({"step": t, "direction": direction, "graft": label, "site": site, "layer": layer,
                          "fixed": int(g.logits[0].argmax()) == wanted})
         if t >= 1:  # step 0 is the prefill: there is no cache yet
-            other_cache = cast_cache(cache_before(source_model, prompt, tokens, t), target.dtype)
+            other_cache = cast_cache(caches[id(source_model)], target.dtype)
             g = step_once(target, prompt, tokens, t, other_cache)
             rows.append({"step": t, "direction": direction, "graft": "kv cache", "site": "kv_cache", "layer": -1,
                          "fixed": int(g.logits[0].argmax()) == wanted})
@@ -118,24 +118,11 @@ def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: 
 
 def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Run the precision probe for one model × benchmark and each configured precision pair."""
-    from ..models import load_prepared
+    def one(models, prompt, eos, pad):
+        return probe_prompt(*models, prompt, job.max_new_tokens, eos, pad, int(job.options["flips"]))
 
-    bench, items = setup(job)
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
-    meta = None
-    for prec_a, prec_b in job.options["pairs"]:
-        model_a, tokenizer, manifest = load_prepared(model_dir, prec_a, job.device)
-        model_b, _, _ = load_prepared(model_dir, prec_b, job.device)
-        meta = meta or probe_metadata(job, manifest, bench, model_a.device)
-        eos, pad = special_ids(model_a, tokenizer)
-        for item in items:
-            prompt = encode_prompt(tokenizer, bench, item)
-            result = probe_prompt(model_a, model_b, prompt, job.max_new_tokens, eos, pad, int(job.options["flips"]))
-            for name in TABLES:
-                rows[name].extend({"a": prec_a, "b": prec_b, "prompt_id": item.id, **r} for r in result[name])
-        del model_a, model_b
-    write_tables(out_dir, rows, meta)
-    return meta
+    variants = [({"a": a, "b": b}, (a, b)) for a, b in job.options["pairs"]]
+    return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one)
 
 
 def _mean_over_prompts(layers: pd.DataFrame) -> pd.DataFrame:
