@@ -156,3 +156,14 @@ def test_the_paper_table_reads_the_mechanism_probes_by_the_papers_definitions():
     assert rows["flips fixed by grafting FP16's final norm into BF16"] == "67%"  # 2 of the 3 into bf16
     assert rows["KL recovered: residual stream vs KV cache patch"] == "20% vs 100%"
     assert rows["KV-cache graft, FP16's own cache into BF16"] == "–"  # no such graft in these rows
+
+
+def test_only_the_gated_head_alone_counts_as_the_papers_c():
+    from tokenflip.paper import gated_c_labels
+
+    config = {"interventions": {"none": {"kind": "none"}, "C": {"kind": "fp32_head", "tau": 1e-3, "gated": True},
+                                "C_head": {"kind": "fp32_head", "gated": True, "scope": "head"},
+                                "C_ungated": {"kind": "fp32_head", "gated": False},
+                                "C_norm": {"kind": "fp32_head", "gated": True, "scope": "final_norm"},
+                                "B": {"kind": "topk_fp32"}}}
+    assert gated_c_labels(config) == {"C", "C_head"}

@@ -60,6 +60,27 @@ def test_bf16_kv_cache_is_the_causal_state(prepared_models):
     assert by_layer[0] == 0 and by_layer[1] > 0
 
 
+def test_cache_off_keys_and_values_past_a_sliding_window(prepared_models):
+    """Gemma-2's tiny model slides a 16-position window on layer 0: past it, cache-off's keys
+    and values cut before the current position still match the cache-on cache position for
+    position, so the whole-cache patch makes the step cache-off's."""
+    from tokenflip.probes.replay import cache_before, recomputed_cache, step_once
+
+    model, tokenizer, _ = load_prepared(prepared_models("gemma2"), "bf16", "cpu")
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 1})
+    prompt = prompt_token_ids(tokenizer, bench.messages(bench.items()[0]))
+    kw = dict(eos_token_ids=[], pad_token_id=tokenizer.pad_token_id)
+    on = replay(model, prompt, use_cache=True, max_new_tokens=12, **kw)
+    off = replay(model, prompt, use_cache=False, max_new_tokens=12, tokens=on.tokens, **kw)
+    window = cache_before(model, prompt, on.tokens, 1).layers[0].sliding_window
+    assert len(prompt) > window  # past the window from the first step
+    for t in (1, 6, 11):
+        own, cut = cache_before(model, prompt, on.tokens, t), recomputed_cache(model, prompt, on.tokens, t)
+        for mine, theirs in zip(own.layers, cut.layers):
+            assert mine.keys.shape == theirs.keys.shape
+        assert torch.equal(step_once(model, prompt, on.tokens, t, cut).logits[0], off.logits[t])
+
+
 def test_one_step_from_a_cache_is_that_step_of_the_replay(prepared_models):
     """What the probes' patches build on: step t run alone from the cache a cache-on run
     holds before t gives that run's logits and activations bit for bit, at every step."""

@@ -67,9 +67,10 @@ def _grafts_into(grafting: pd.DataFrame, into: str, source: str) -> pd.DataFrame
 
 
 def gated_c_labels(config: dict[str, Any]) -> set[str]:
-    """The config's names for the paper's intervention C (whole LM head in FP32, gated)."""
+    """The config's names for the paper's intervention C (whole LM head in FP32, gated, the
+    head alone: a broader scope is §7.6's other experiment)."""
     return {name for name, spec in config.get("interventions", {}).items()
-            if spec.get("kind") == "fp32_head" and spec.get("gated", True)}
+            if spec.get("kind") == "fp32_head" and spec.get("gated", True) and spec.get("scope", "head") == "head"}
 
 
 def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: str, c_labels: set[str],
@@ -136,23 +137,27 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
         return _num(float((steps["sigma_z"] ** 2).mean() ** 0.5)), f"{_models(steps)}; precision probe, full vocabulary"
     add(PRECISION, "σz, per-logit RMS of the logit difference", "0.026", "TinyLlama, §I.3", sigma)
 
+    def lens_margin(rows: pd.DataFrame, group: str) -> str:
+        return _num(float(rows.loc[rows["group"] == group, "margin_a"].median()))
+
     def margins() -> tuple[str, str]:
         # App. I.3 / §7.5: one traced step per prompt, read through the final-layer lens,
         # Diverged prompts at their first flip against Agreed prompts.
         lens = need(probes.lens)
         last = lens[lens["layer"] == lens.groupby("model")["layer"].transform("max")]
-        div, agr = last[last["group"] == "diverged"], last[last["group"] == "agreed"]
-        return (f"{_num(float(div['margin_a'].median()))} vs {_num(float(agr['margin_a'].median()))}",
-                f"{_models(last)}; final-layer lens, {len(div)} Diverged vs {len(agr)} Agreed prompt(s)")
+        counts = last["group"].value_counts()
+        return (f"{lens_margin(last, 'diverged')} vs {lens_margin(last, 'agreed')}",
+                f"{_models(last)}; final-layer lens, {counts.get('diverged', 0)} Diverged vs "
+                f"{counts.get('agreed', 0)} Agreed prompt(s)")
     add(PRECISION, "median top-2 margin, Diverged vs Agreed prompts", "0.039 vs 5.733",
         "final-layer logit lens, TinyLlama, §I.3", margins)
 
     def margin_trend() -> tuple[str, str]:
         lens = need(probes.lens)
-        first, last = lens["layer"].min(), lens.groupby("model")["layer"].transform("max")
-        med = lambda group, rows: _num(float(rows[rows["group"] == group]["margin_a"].median()))  # noqa: E731
-        top, bottom = lens[lens["layer"] == first], lens[lens["layer"] == last]
-        return (f"{med('diverged', top)} → {med('diverged', bottom)}; {med('agreed', top)} → {med('agreed', bottom)}",
+        top = lens[lens["layer"] == lens["layer"].min()]
+        bottom = lens[lens["layer"] == lens.groupby("model")["layer"].transform("max")]
+        return (f"{lens_margin(top, 'diverged')} → {lens_margin(bottom, 'diverged')}; "
+                f"{lens_margin(top, 'agreed')} → {lens_margin(bottom, 'agreed')}",
                 f"{_models(lens)}; lens margin, first → last layer, Diverged; Agreed")
     add(PRECISION, "lens margin from first to last layer, Diverged; Agreed", "0.33 → 0.04; 2.06 → 5.73",
         "TinyLlama, App. II(iv), Table 10", margin_trend)

@@ -162,11 +162,17 @@ def recomputed_cache(model, prompt_ids: Sequence[int], tokens: Sequence[int], st
     Patched into a cache-on run, they make its step `step` attend exactly as cache-off's."""
     ids = list(prompt_ids) + list(tokens[:step])
     cache = _new_cache(model)
+    # Sliding-window layers keep only the last window - 1 positions; recording the past
+    # lets the cut below drop the current position and then restrict them as usual.
+    cache.activate_past_recording()
     with torch.inference_mode():
         model(input_ids=torch.tensor([ids], device=model.device),
               position_ids=torch.arange(len(ids), device=model.device)[None],
               cache=cache, use_cache=True, logits_to_keep=1, return_dict=True)
     cache.crop(-1)  # drop the current position
+    for layer in cache.layers:
+        if hasattr(layer, "record_past"):
+            layer.record_past = False
     return cache
 
 
