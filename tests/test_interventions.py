@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -254,3 +255,26 @@ def test_consensus_cells_of_two_precisions_agree_exactly_end_to_end(prepared_mod
         meta = compare_files(pair, layout.cell(pair.a.id), layout.cell(pair.b.id), layout.pair(pair.id))
         diverged[pair.a.intervention] = meta["summary"]["n_diverged"]
     assert diverged["consensus"] == 0 and diverged["none"] > 0
+
+
+def test_fp32_matmul_multiplies_in_fp32_and_rounds_back(prepared_models):
+    """Each linear layer's output is the fp32 product of its 16-bit input and weights,
+    rounded to bf16, bit for bit, and the model decodes with it. (Whether that differs from
+    the native bf16 product depends on the kernels: on GPUs 16-bit reductions are allowed.)"""
+    from torch.nn import functional as F
+
+    model, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    native = decode(model, *_batch(tokenizer), max_new_tokens=6, use_cache=True,
+                    eos_token_ids=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
+    apply_to_model(model, {"kind": "fp32_matmul"})
+    q = model.get_decoder().layers[0].self_attn.q_proj
+    x = torch.randn(3, q.in_features).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(q(x), F.linear(x.float(), q.weight.float()).to(torch.bfloat16))
+        assert q(x).dtype == torch.bfloat16
+    ours = decode(model, *_batch(tokenizer), max_new_tokens=6, use_cache=True,
+                  eos_token_ids=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id)
+    # The head's output is rounded back too: every recorded logit is a bfloat16 value.
+    logits = torch.from_numpy(np.concatenate([np.stack(g.top_logits) for g in ours.generations]))
+    assert torch.equal(logits, logits.to(torch.bfloat16).float())
+    assert [len(g.token_ids) for g in ours.generations] == [len(g.token_ids) for g in native.generations]

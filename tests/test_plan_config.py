@@ -181,10 +181,10 @@ SHIPPED_PLANS = {
         # batch size 1 vs 8 for none/C_gated x 2 precisions = 4 (144), intervention none vs
         # C_gated at 4 batch sizes x 2 precisions = 8, vs global_fp32 and fp32_oracle at bs1
         # x 2 = 4 (432); and the repeats: bf16 vs fp16 among the copies (4 more precision
-        # pairs: 508) and default vs 2 per precision (8). The testbed grid adds 6 interventions
-        # x 2 precisions on TinyLlama/GSM8K (12 cells: 1,028) and their 6 precision pairs (514);
+        # pairs: 508) and default vs 2 per precision (8). The testbed grid adds 7 interventions
+        # x 2 precisions on TinyLlama/GSM8K (14 cells: 1,030) and their 7 precision pairs (515);
         # C_gated vs fp32_oracle at bs1 adds 2 intervention pairs per (model, benchmark) (504).
-        cells=1028, pairs={"precision": 514, "batch_size": 144, "intervention": 504, "repeat": 8},
+        cells=1030, pairs={"precision": 515, "batch_size": 144, "intervention": 504, "repeat": 8},
         cell_ids=["tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-fp32_oracle",
                   "r1-distill-qwen-7b/math500/fp16-on-bs8-greedy-C_gated",
                   "qwen2.5-3b-instruct/humaneval/bf16-on-bs2-greedy-none",

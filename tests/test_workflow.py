@@ -152,7 +152,7 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
                              "probe_kv_cache": 3, "summarize": 1, "report": 1, "all": 1}),
     # 9 models x 4 benchmarks: the cells and pairs counted in test_plan_config; one prompt
     # check and one precision probe per model and benchmark.
-    ("paper-precision.yaml", {"prepare_model": 9, "check_prompts": 36, "generate": 1028, "compare": 1170,
+    ("paper-precision.yaml", {"prepare_model": 9, "check_prompts": 36, "generate": 1030, "compare": 1171,
                               "probe_precision": 36, "summarize": 1, "report": 1, "all": 1}),
 ])
 def test_paper_config_dry_run(tmp_path, config, expected):

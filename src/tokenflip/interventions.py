@@ -14,7 +14,8 @@ Each intervention replaces the model's `lm_head` by a module that computes the u
 
 Model-level ones (torch code in `tokenflip.transforms`):
 
-- `global_fp32`: 16-bit weights, everything computed in fp32; `fp32_oracle`: fp32 weights.
+- `global_fp32`: 16-bit weights, everything computed in fp32; `fp32_oracle`: fp32 weights;
+  `fp32_matmul`: only the matrix products in fp32, their outputs rounded back to 16 bit.
 - `fp32_head` with `scope: final_norm | last_layer`: the broader FP32 scope of §7.6 (the
   final norm, and the last decoder layer, always in fp32 before the head's recomputation).
 - `fp8_weights`: weights rounded to FP8 with a per-row scale, compute in the cell's
@@ -86,6 +87,12 @@ _TAU = {"type": "number", "exclusiveMinimum": 0, "default": 1e-3,
 _PRECISION = {"enum": ["fp32", "bf16", "fp16"]}
 
 
+def _fp32_matmul(model, spec: dict):
+    from .transforms import fp32_matmul
+
+    return fp32_matmul(model)
+
+
 def _fp8(model, spec: dict):
     from .transforms import fp8_weights
 
@@ -122,6 +129,8 @@ INTERVENTIONS: Registry[Intervention] = Registry("intervention kind", [
                  _head("sharpen"), {"temperature": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                                                     "default": 0.5}}),
     Intervention("global_fp32", "16-bit weights, fp32 compute", lambda model, spec: model.float()),
+    Intervention("fp32_matmul", "every matrix product in fp32, its output rounded back to 16 bit (§7.6)",
+                 _fp32_matmul),
     Intervention("fp32_oracle", "fp32 weights and compute", lambda model, spec: model, fp32_weights=True),
     Intervention("fp8_weights", "weights rounded to FP8 (per-row scale), compute in the cell's precision: "
                  "emulated FP8", _fp8, {

@@ -4,10 +4,12 @@ weights, consensus decoding of two precisions, and composition. See
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 # Scopes of FP32 compute, each containing the previous (arXiv 2609.26621 §7.6: the late
 # causal locus is the last layer, the final norm and the LM head).
@@ -39,6 +41,22 @@ def fp32_scope(model, scope: str):
     for module in modules:
         module.float()
         module.register_forward_pre_hook(_upcast_inputs, with_kwargs=True)
+    return model
+
+
+def _linear_in_fp32(self, x: torch.Tensor) -> torch.Tensor:
+    bias = None if self.bias is None else self.bias.float()
+    return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+
+
+def fp32_matmul(model):
+    """Every linear layer (the LM head included) multiplies in fp32 — inputs and weights
+    upcast on the fly, one layer at a time — and rounds its output back to the model's
+    16-bit type: fp32 accumulation with 16-bit activations (arXiv 2609.26621 §7.6, "only
+    matmul compute upgraded to FP32"; 16-bit kernels may reduce partial sums in 16 bit)."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.forward = types.MethodType(_linear_in_fp32, module)
     return model
 
 
