@@ -278,3 +278,32 @@ def test_fp32_matmul_multiplies_in_fp32_and_rounds_back(prepared_models):
     logits = torch.from_numpy(np.concatenate([np.stack(g.top_logits) for g in ours.generations]))
     assert torch.equal(logits, logits.to(torch.bfloat16).float())
     assert [len(g.token_ids) for g in ours.generations] == [len(g.token_ids) for g in native.generations]
+
+
+@pytest.mark.parametrize("steps, needle", [
+    ([{"kind": "fp32_head"}, {"kind": "consensus"}], "'consensus' can only be the first step"),
+    ([{"kind": "quantize"}, {"kind": "fp32_head"}], "at most one LM-head intervention per entry"),
+    ([{"kind": "consensus"}, {"kind": "fp32_oracle"}], "'fp32_oracle' would have no effect"),
+])
+def test_a_composition_that_cannot_mean_what_it_says_is_refused_before_any_job(steps, needle):
+    from conftest import tiny_study
+    from tokenflip import config as cfg
+
+    study = tiny_study()
+    study["interventions"] = {"none": {"kind": "none"}, "both": {"kind": "compose", "of": steps}}
+    with pytest.raises(cfg.ConfigError, match=needle) as err:
+        cfg.validate(study, source="study.yaml", check_data=False)
+    assert "study.yaml: interventions.both.of" in str(err.value)
+
+
+def test_steps_after_consensus_apply_to_every_precision(prepared_models):
+    directory = prepared_models("llama")
+
+    def load(precision):
+        return load_prepared(directory, precision, "cpu")[0]
+
+    spec = {"kind": "compose", "of": [{"kind": "consensus", "precisions": ["bf16", "fp16"]},
+                                      {"kind": "fp32_head", "tau": 1e-3, "gated": True}]}
+    model = apply_to_model(load("bf16"), spec, load)
+    assert [type(copy.get_output_embeddings()) for copy in model.copies] == [InterventionHead] * 2
+    assert [copy.dtype for copy in model.copies] == [torch.bfloat16, torch.float16]

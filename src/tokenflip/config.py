@@ -220,10 +220,13 @@ def _undefined_names(config: dict[str, Any]):
 
 def _semantic_problems(config: dict[str, Any]):
     """Cross-references the schema cannot express."""
+    from .interventions import spec_problems
     from .plan import expand_cells, pairs_of_comparison
 
     undefined = list(_undefined_names(config))
     yield from undefined
+    for name, spec in config["interventions"].items():
+        yield from spec_problems(name, spec)
     values: dict[str, set] = {axis: set() for axis in COMPARABLE_AXES}
     for grid in config["grids"]:
         for axis in COMPARABLE_AXES:

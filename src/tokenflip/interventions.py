@@ -107,8 +107,31 @@ def _consensus(model, spec: dict, load):
 
 def _compose(model, spec: dict, load):
     for step in spec["of"]:
-        model = apply_to_model(model, step, load)
+        copies = getattr(model, "copies", None)
+        if copies is None:
+            model = apply_to_model(model, step, load)
+        else:  # after consensus: every precision's copy gets the step
+            for i, copy in enumerate(copies):
+                copies[i] = apply_to_model(copy, step, load)
     return model
+
+
+# Kinds that wrap the LM head (one wrapper per model).
+HEAD_KINDS = ("quantize", "topk_fp32", "fp32_head", "sharpen")
+
+
+def spec_problems(name: str, spec: dict[str, Any]):
+    """What the schema cannot say about an entry: how the steps of a `compose` combine."""
+    kinds = [step.get("kind") for step in _steps(spec)]
+    where = f"interventions.{name}.of"
+    if "consensus" in kinds[1:]:
+        yield (f"{where}: 'consensus' can only be the first step (it loads the model in each of its "
+               "precisions; the steps after it apply to every copy)")
+    heads = [kind for kind in kinds if kind in HEAD_KINDS]
+    if len(heads) > 1:
+        yield f"{where}: at most one LM-head intervention per entry, got {heads}"
+    if "consensus" in kinds and "fp32_oracle" in kinds:
+        yield f"{where}: 'consensus' loads its own precisions, so 'fp32_oracle' would have no effect"
 
 
 # The intervention kinds a config may name: one entry per kind.
