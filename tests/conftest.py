@@ -49,6 +49,7 @@ def prepared_models(tmp_path_factory):
         "llama": {"source": "random", "architecture": "llama", "seed": 0},
         "mistral": {"source": "random", "architecture": "mistral", "seed": 0},
         "gemma2": {"source": "random", "architecture": "gemma2", "seed": 0},
+        "olmoe": {"source": "random", "architecture": "olmoe", "seed": 0},
         "smollm2": SMOLLM2,
     }
 

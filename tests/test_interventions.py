@@ -126,16 +126,28 @@ def _batch(tokenizer, n=2):
 
 
 def test_round_to_fp8_by_hand():
-    """Row [1, 0.5, 0.3], E4M3 (largest finite 448): the scale is 1/448, 1 and 0.5 map to
-    448 and 224 exactly; 0.3 maps to 134.4, whose nearest E4M3 value is 128 (steps of 16
-    between 128 and 256), so it comes back as 128/448."""
+    """Row [1, 0.5, 0.3], E4M3 (largest finite 448): the power-of-two scale that fits 1 is
+    2⁻⁸ (2⁻⁹ would put it at 512); 1 and 0.5 become 256 and 128, exact; 0.3 becomes 76.8,
+    whose nearest E4M3 value is 80 (steps of 8 between 64 and 128), so it comes back as
+    80/256. Row [-2, 0, 1] scales by 2⁻⁷ to -256, 0, 128: exact."""
     from tokenflip.transforms import round_to_fp8
 
     w = torch.tensor([[1.0, 0.5, 0.3], [-2.0, 0.0, 1.0]])
     out = round_to_fp8(w, "e4m3")
-    assert out[0].tolist() == pytest.approx([1.0, 0.5, 128 / 448], rel=1e-6)
-    assert out[1].tolist() == pytest.approx([-2.0, 0.0, 1.0], rel=1e-6)  # -448, 0, 224: exact
+    assert out.tolist() == [[1.0, 0.5, 80 / 256], [-2.0, 0.0, 1.0]]
     assert out.dtype == w.dtype
+
+
+def test_fp8_codes_are_the_same_in_bf16_and_fp16_cells():
+    """The same weights held in bf16 and in fp16 round to the same FP8 values, exactly
+    representable in both: the two cells then differ in arithmetic only."""
+    from tokenflip.transforms import round_to_fp8
+
+    torch.manual_seed(0)
+    w = (torch.randn(64, 256) * 0.05).to(torch.bfloat16)
+    bf16, fp16 = round_to_fp8(w, "e4m3"), round_to_fp8(w.to(torch.float16), "e4m3")
+    assert torch.equal(bf16.float(), fp16.float())
+    assert not torch.equal(bf16.float(), w.float())
 
 
 def test_fp8_weights_round_the_body_or_everything_and_keep_a_tied_embedding(prepared_models):
@@ -284,6 +296,7 @@ def test_fp32_matmul_multiplies_in_fp32_and_rounds_back(prepared_models):
     ([{"kind": "fp32_head"}, {"kind": "consensus"}], "'consensus' can only be the first step"),
     ([{"kind": "quantize"}, {"kind": "fp32_head"}], "at most one LM-head intervention per entry"),
     ([{"kind": "consensus"}, {"kind": "fp32_oracle"}], "'fp32_oracle' would have no effect"),
+    ([{"kind": "fp32_head"}, {"kind": "fp8_weights"}], "'fp8_weights' must come before 'fp32_head'"),
 ])
 def test_a_composition_that_cannot_mean_what_it_says_is_refused_before_any_job(steps, needle):
     from conftest import tiny_study
@@ -307,3 +320,27 @@ def test_steps_after_consensus_apply_to_every_precision(prepared_models):
     model = apply_to_model(load("bf16"), spec, load)
     assert [type(copy.get_output_embeddings()) for copy in model.copies] == [InterventionHead] * 2
     assert [copy.dtype for copy in model.copies] == [torch.bfloat16, torch.float16]
+    # A step counts as intervened when either copy's gate opened.
+    tokenizer = load_prepared(directory, "bf16", "cpu")[1]
+    out = decode(model, *_batch(tokenizer), max_new_tokens=10, use_cache=True, eos_token_ids=[],
+                 pad_token_id=tokenizer.pad_token_id)
+    gates = [g.intervened for g in out.generations]
+    assert any(any(row) for row in gates)
+    ones = [model.copies[i].get_output_embeddings().fired for i in range(2)]
+    assert model.fired().tolist() == (ones[0] | ones[1]).tolist()
+
+
+def test_mixture_of_experts_weights_are_covered_or_refused(prepared_models):
+    """OLMoE keeps its experts as bare parameters: fp8_weights rounds them too, and
+    fp32_matmul, which covers linear layers only, refuses the model instead of running part
+    of its products in 16 bit."""
+    from tokenflip.transforms import round_to_fp8
+
+    base, _, _ = load_prepared(prepared_models("olmoe"), "bf16", "cpu")
+    model, _, _ = load_prepared(prepared_models("olmoe"), "bf16", "cpu")
+    apply_to_model(model, {"kind": "fp8_weights", "scope": "body", "format": "e4m3"})
+    experts, before = model.get_decoder().layers[1].mlp.experts, base.get_decoder().layers[1].mlp.experts
+    for name in ("gate_up_proj", "down_proj"):
+        assert torch.equal(getattr(experts, name), round_to_fp8(getattr(before, name), "e4m3"))
+    with pytest.raises(ValueError, match=r"covers linear layers only.*layers\.0\.mlp\.experts"):
+        apply_to_model(base, {"kind": "fp32_matmul"})

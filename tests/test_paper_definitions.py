@@ -135,10 +135,14 @@ def test_the_paper_table_reads_the_mechanism_probes_by_the_papers_definitions():
                           "sigma_z_head": [3.0, 0.0], "sigma_z_body": [0.0, 1.0], "margin_a": [0.1, 2.0],
                           "directional": [0.2, 0.0]})
     lens = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "prompt_id": ["p1", "p1", "p2", "p2", "p3", "p3",
-                                                                              "q1", "q1", "q2", "q2"],
-                         "group": ["diverged"] * 6 + ["agreed"] * 4, "layer": [0, 1] * 5,
-                         "margin_a": [0.4, 0.01, 0.3, 0.03, 0.2, 0.05, 2.0, 5.0, 3.0, 7.0],
-                         "top1_agree": [True, False, False, False, True, False, True, True, True, True]})
+                                                                              "q1", "q1", "q2", "q2", "p1", "p1",
+                                                                              "q1", "q1"],
+                         "group": ["diverged"] * 6 + ["agreed"] * 4 + ["first_token"] * 4, "layer": [0, 1] * 7,
+                         "margin_a": [0.4, 0.01, 0.3, 0.03, 0.2, 0.05, 2.0, 5.0, 3.0, 7.0, 9.0, 0.5, 9.0, 0.9],
+                         "top1_agree": [True, False, False, False, True, False, True, True, True, True,
+                                        False, True, False, True]})
+    # A pair the paper's figures are not about: never pooled in.
+    steps = pd.concat([steps, steps.assign(a="fp32", sigma_z_head=100.0)], ignore_index=True)
     grafting = pd.DataFrame({"model": "m", "site": "final_norm", "layer": -1, "fixed": [True, False, True, True],
                              # bf16 ← fp16 twice as (a=bf16, b→a), once as (a=fp16, a→b); then fp16 ← bf16
                              "a": ["bf16", "bf16", "fp16", "bf16"], "b": ["fp16", "fp16", "bf16", "fp16"],
@@ -153,6 +157,7 @@ def test_the_paper_table_reads_the_mechanism_probes_by_the_papers_definitions():
     assert rows["median top-2 margin, Diverged vs Agreed prompts"] == "0.03 vs 6"
     assert rows["lens margin from first to last layer, Diverged; Agreed"] == "0.3 → 0.03; 2.5 → 6"
     assert rows["top-1 agreement of the two precisions at body layers"] == "67%–67%"
+    assert rows["first token: top-1 agreement, mean top-2 margin"] == "100%, mean margin 0.7"
     assert rows["flips fixed by grafting FP16's final norm into BF16"] == "67%"  # 2 of the 3 into bf16
     assert rows["KL recovered: residual stream vs KV cache patch"] == "20% vs 100%"
     assert rows["KV-cache graft, FP16's own cache into BF16"] == "–"  # no such graft in these rows

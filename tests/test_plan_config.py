@@ -245,3 +245,10 @@ def test_a_probe_can_be_restricted_to_some_models_and_benchmarks():
     c["probes"]["kv_cache"]["benchmarks"] = ["nope"]
     with pytest.raises(cfg.ConfigError, match="probes.kv_cache.benchmarks: 'nope' is not defined under 'benchmarks'"):
         cfg.validate(c)
+
+
+def test_the_schema_names_every_tiny_architecture():
+    from tokenflip.models import TINY_ARCHITECTURES
+
+    source = cfg.schema()["properties"]["models"]["additionalProperties"]
+    assert "olmoe" in json.dumps(source) and all(f'"{arch}"' in json.dumps(source) for arch in TINY_ARCHITECTURES)

@@ -150,8 +150,9 @@ def test_precision_probe_finds_and_explains_flips(prepared_models):
         steps = r["steps"]
         assert (steps["kl"] >= 0).all() and (steps["kl"] > 0).any()  # bf16 and fp16 always differ somewhere
         if not steps["flip"].any():
-            assert r["grafting"].empty  # nothing to graft; the lens traces the first token
-            assert set(r["lens"]["group"]) == {"agreed"} and set(r["lens"]["step"]) == {0}
+            assert r["grafting"].empty  # nothing to graft; the lens traces mid-generation
+            agreed = r["lens"][r["lens"]["group"] == "agreed"]
+            assert set(agreed["step"]) == {len(steps) // 2} and len(agreed) == 2
             continue
         flipped += 1
         t = int(steps.index[steps["flip"]][0])
@@ -160,9 +161,11 @@ def test_precision_probe_finds_and_explains_flips(prepared_models):
         for direction in ("b→a", "a→b"):
             assert list(graft.loc[graft["direction"] == direction, "graft"]) == sites
         lens = r["lens"]
-        assert list(lens["layer"]) == [0, 1] and set(lens["group"]) == {"diverged"} and set(lens["step"]) == {t}
+        assert list(lens["group"]) == ["first_token"] * 2 + ["diverged"] * 2 and list(lens["layer"]) == [0, 1, 0, 1]
+        assert list(lens["step"]) == [0, 0, t, t]
         # The final layer's lens is the model's own readout: its margin is the step's.
         assert lens["margin_a"].iloc[-1] == pytest.approx(steps.loc[t, "margin_a"], abs=1e-6)
+        assert lens["margin_a"].iloc[1] == pytest.approx(steps.loc[0, "margin_a"], abs=1e-6)
     assert flipped >= 1  # this tiny model flips between bf16 and fp16 on some of these prompts
 
 
@@ -257,3 +260,19 @@ def test_a_perturbation_confined_to_the_lm_head_is_all_head(prepared_models):
     assert (pd.DataFrame(r["layers"])["l2"] == 0).all()
     assert (steps["sigma_z_body"] == 0).all() and (steps["sigma_z_head"] > 0).all()
     assert np.allclose(steps["sigma_z_head"], steps["sigma_z"], rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_head_read_of_the_final_norm_output_is_the_models_own_logits(prepared_models, arch, precision):
+    """What the σz split and the lens stand on: the LM head applied to the recorded final-norm
+    outputs gives the decode loop's logits bit for bit, Gemma-2's 16-bit soft-capping
+    included, so the head's and the body's parts add up to the measured difference."""
+    from tokenflip.probes.replay import head_logits
+
+    model, tokenizer, _ = load_prepared(prepared_models(arch), precision, "cpu")
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 1})
+    prompt = prompt_token_ids(tokenizer, bench.messages(bench.items()[0]))
+    run = replay(model, prompt, use_cache=True, max_new_tokens=8, eos_token_ids=[],
+                 pad_token_id=tokenizer.pad_token_id)
+    assert torch.equal(head_logits(model, run.normed), run.logits)

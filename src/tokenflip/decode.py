@@ -160,7 +160,7 @@ def decode(
             hooks.after(step, out, logits)
         del out
         chosen = select(logits, step)
-        fired = getattr(model.get_output_embeddings(), "fired", None)
+        fired = model.fired() if hasattr(model, "fired") else getattr(model.get_output_embeddings(), "fired", None)
         _record(generations, logits, chosen, unfinished, record_top_k, fired)
         chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_token_id))
         seqs.append(chosen)

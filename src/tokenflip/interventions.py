@@ -130,6 +130,8 @@ def spec_problems(name: str, spec: dict[str, Any]):
     heads = [kind for kind in kinds if kind in HEAD_KINDS]
     if len(heads) > 1:
         yield f"{where}: at most one LM-head intervention per entry, got {heads}"
+    if heads and "fp8_weights" in kinds and kinds.index("fp8_weights") > kinds.index(heads[0]):
+        yield f"{where}: 'fp8_weights' must come before {heads[0]!r} (it rounds the plain LM head)"
     if "consensus" in kinds and "fp32_oracle" in kinds:
         yield f"{where}: 'consensus' loads its own precisions, so 'fp32_oracle' would have no effect"
 
@@ -152,7 +154,7 @@ INTERVENTIONS: Registry[Intervention] = Registry("intervention kind", [
                  _head("sharpen"), {"temperature": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                                                     "default": 0.5}}),
     Intervention("global_fp32", "16-bit weights, fp32 compute", lambda model, spec: model.float()),
-    Intervention("fp32_matmul", "every matrix product in fp32, its output rounded back to 16 bit (§7.6)",
+    Intervention("fp32_matmul", "every linear layer multiplies in fp32, its output rounded back to 16 bit (§7.6)",
                  _fp32_matmul),
     Intervention("fp32_oracle", "fp32 weights and compute", lambda model, spec: model, fp32_weights=True),
     Intervention("fp8_weights", "weights rounded to FP8 (per-row scale), compute in the cell's precision: "

@@ -29,8 +29,8 @@ class ModelError(RuntimeError):
 
 
 # Tiny shapes of real architectures: small enough for CPU tests, large enough to exercise
-# GQA (llama), sliding-window attention (mistral) and soft-capping with a larger head
-# dimension (gemma2).
+# GQA (llama), sliding-window attention (mistral), soft-capping with a larger head
+# dimension (gemma2) and a mixture of experts (olmoe).
 TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024),
@@ -41,6 +41,10 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
                    num_attention_heads=2, num_key_value_heads=1, head_dim=64, sliding_window=16,
                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                    max_position_embeddings=1024),
+    # A mixture of experts whose experts are bare parameters, not linear layers (as OLMoE's).
+    "olmoe": dict(model_type="olmoe", hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, num_experts=4, num_experts_per_tok=2,
+                  max_position_embeddings=1024),
 }
 
 # Random models borrow the tokenizer shipped in the default model's package, so their

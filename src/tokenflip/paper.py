@@ -57,6 +57,13 @@ class ProbeTables:
     lens: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
+def _bf16_vs_fp16(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a precision-probe table whose pair is BF16 and FP16, either way round."""
+    if frame.empty or "a" not in frame:
+        return frame
+    return frame[((frame["a"] == "bf16") & (frame["b"] == "fp16")) | ((frame["a"] == "fp16") & (frame["b"] == "bf16"))]
+
+
 def _grafts_into(grafting: pd.DataFrame, into: str, source: str) -> pd.DataFrame:
     """Grafting rows where `source`'s state went into `into`'s run."""
     if grafting.empty or "direction" not in grafting:
@@ -78,7 +85,9 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
     """Rows of (paper, claim, paper's figure and conditions, ours and our conditions). A row
     whose data this run does not have says so instead of a number."""
     probes = probes or ProbeTables()
-    kv_steps, precision_steps = probes.kv_steps, probes.precision_steps
+    # The precision paper's figures are BF16 against FP16: other probed pairs are not pooled in.
+    kv_steps, precision_steps = probes.kv_steps, _bf16_vs_fp16(probes.precision_steps)
+    lens_16 = _bf16_vs_fp16(probes.lens)
     rows: list[dict[str, str]] = []
 
     def add(paper: str, claim: str, theirs: str, their_conditions: str, compute: Callable[[], tuple[str, str]]):
@@ -109,6 +118,8 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
     def kl_ratio() -> tuple[str, str]:
         steps = need(kv_steps)
         med = steps.groupby("precision")["kl"].median()
+        if med["fp32"] == 0:
+            return "FP32 KL is 0", f"median per-step KL, probe, {steps['prompt_id'].nunique()} prompt(s)"
         ratio = med["fp16"] / med["fp32"]
         return f"10^{math.log10(ratio):.1f}", f"median per-step KL, probe, {steps['prompt_id'].nunique()} prompt(s)"
     add(KV, "FP32 shrinks the drift (KL ratio FP16 / FP32)", "≈ 10^8", "Fig. 3, GPU", kl_ratio)
@@ -143,7 +154,7 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
     def margins() -> tuple[str, str]:
         # App. I.3 / §7.5: one traced step per prompt, read through the final-layer lens,
         # Diverged prompts at their first flip against Agreed prompts.
-        lens = need(probes.lens)
+        lens = need(lens_16)
         last = lens[lens["layer"] == lens.groupby("model")["layer"].transform("max")]
         counts = last["group"].value_counts()
         return (f"{lens_margin(last, 'diverged')} vs {lens_margin(last, 'agreed')}",
@@ -153,7 +164,7 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
         "final-layer logit lens, TinyLlama, §I.3", margins)
 
     def margin_trend() -> tuple[str, str]:
-        lens = need(probes.lens)
+        lens = need(lens_16)
         top = lens[lens["layer"] == lens["layer"].min()]
         bottom = lens[lens["layer"] == lens.groupby("model")["layer"].transform("max")]
         return (f"{lens_margin(top, 'diverged')} → {lens_margin(bottom, 'diverged')}; "
@@ -163,12 +174,21 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
         "TinyLlama, App. II(iv), Table 10", margin_trend)
 
     def body_lens() -> tuple[str, str]:
-        lens = need(probes.lens)
+        lens = need(lens_16)
         div = lens[(lens["group"] == "diverged") & (lens["layer"] < lens.groupby("model")["layer"].transform("max"))]
         per_layer = need(div).groupby(["model", "layer"])["top1_agree"].mean()
         return (f"{_pct(float(per_layer.min()))}–{_pct(float(per_layer.max()))}",
                 f"{_models(div)}; body layers at the first flip, {div['prompt_id'].nunique()} prompt(s)")
     add(PRECISION, "top-1 agreement of the two precisions at body layers", "93–100%", "App. II(iv)", body_lens)
+
+    def first_token() -> tuple[str, str]:
+        lens = need(lens_16)
+        last = lens[(lens["group"] == "first_token") & (lens["layer"] == lens.groupby("model")["layer"].transform("max"))]
+        last = need(last)
+        return (f"{_pct(float(last['top1_agree'].mean()))}, mean margin {_num(float(last['margin_a'].mean()))}",
+                f"{_models(last)}; final-layer lens at the first token, {len(last)} prompt(s)")
+    add(PRECISION, "first token: top-1 agreement, mean top-2 margin", "100%, 0.70", "100 prompts, App. II(i)",
+        first_token)
 
     def head_share() -> tuple[str, str]:
         steps = need(precision_steps)

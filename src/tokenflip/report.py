@@ -384,8 +384,10 @@ def grafting_table(grafting: pd.DataFrame) -> list[dict[str, Any]]:
     if grafting.empty or "direction" not in grafting:
         return []
     frame = graft_frame(grafting)
+    if "lossless" not in frame:
+        frame = frame.assign(lossless=float("nan"))
     agg = frame.groupby(["model", "into", "graft", "position"], as_index=False).agg(
-        flips=("fixed", "size"), fixed=("fixed", "sum"))
+        flips=("fixed", "size"), fixed=("fixed", "sum"), lossless=("lossless", "mean"))
     return agg.assign(rate=agg["fixed"] / agg["flips"]).sort_values(["model", "into", "position"]).to_dict("records")
 
 
@@ -406,6 +408,7 @@ def lens_figure(lens: pd.DataFrame) -> str | None:
     last layer while the Agreed one grows; App. III: the body L2 does not tell them apart)."""
     if lens.empty or "group" not in lens:
         return None
+    lens = lens[lens["group"].isin(["diverged", "agreed"])]
     # A tie (margin 0) is drawn at 10⁻³, the margin gate's τ: below it the order is a coin toss.
     data = lens.assign(margin_plot=lens["margin_a"].clip(lower=1e-3), l2_plot=lens["l2"].clip(lower=1e-12))
     fig, (margin_ax, l2_ax) = plt.subplots(1, 2, figsize=(9, 3.2))

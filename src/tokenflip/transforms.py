@@ -33,7 +33,8 @@ def _upcast_inputs(module, args, kwargs):
 def fp32_scope(model, scope: str):
     """Run the modules of `scope` beyond the head (the final norm; with `last_layer` the
     last decoder layer too) in fp32: weights upcast once (these modules only) and every
-    floating input cast on entry, so their fp32 output reaches the head unrounded."""
+    floating input cast on entry (the rotary cos/sin arrive already rounded to 16 bit),
+    so their fp32 output reaches the head without a 16-bit rounding."""
     if scope not in FP32_SCOPES:
         raise ValueError(f"unknown fp32 scope {scope!r}; known: {FP32_SCOPES}")
     decoder = model.get_decoder()
@@ -53,7 +54,15 @@ def fp32_matmul(model):
     """Every linear layer (the LM head included) multiplies in fp32 — inputs and weights
     upcast on the fly, one layer at a time — and rounds its output back to the model's
     16-bit type: fp32 accumulation with 16-bit activations (arXiv 2609.26621 §7.6, "only
-    matmul compute upgraded to FP32"; 16-bit kernels may reduce partial sums in 16 bit)."""
+    matmul compute upgraded to FP32"; 16-bit GPU kernels may reduce partial sums in 16 bit).
+    The attention products (QKᵀ, PV) stay as the attention implementation computes them."""
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    others = [f"layers.{name}" for name, p in _weight_matrices(model.get_decoder().layers) if id(p) not in linear]
+    if others:
+        # Refused rather than partial: these products (e.g. OLMoE's experts) are not linear
+        # modules, and would stay in 16 bit.
+        raise ValueError(f"fp32_matmul covers linear layers only; this model multiplies by other weight "
+                         f"matrices too ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})")
     for module in model.modules():
         if isinstance(module, nn.Linear):
             module.forward = types.MethodType(_linear_in_fp32, module)
@@ -61,32 +70,46 @@ def fp32_matmul(model):
 
 
 def round_to_fp8(weight: torch.Tensor, fmt: str) -> torch.Tensor:
-    """`weight` rounded to FP8 with one scale per output row (absmax to the format's
-    largest finite value), returned in the weight's dtype: emulated FP8 storage."""
+    """`weight` rounded to FP8 with one power-of-two scale per output row (the smallest that
+    fits the row's largest magnitude into the format), returned in the weight's dtype:
+    emulated FP8 storage. A power of two keeps the scaled codes exact in bf16 and fp16 alike,
+    so cells of both precisions hold the same weights."""
     dtype = FP8_FORMATS[fmt]
     w = weight.float()
-    scale = w.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / torch.finfo(dtype).max
+    amax = w.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / torch.finfo(dtype).max)))
     return ((w / scale).to(dtype).float() * scale).to(weight.dtype)
 
 
+def _weight_matrices(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Every floating parameter of two or more dimensions: linear weights, and the expert and
+    router matrices that mixture-of-experts layers keep as bare parameters (OLMoE)."""
+    return [(name, p) for name, p in module.named_parameters() if p.is_floating_point() and p.dim() >= 2]
+
+
 def fp8_weights(model, scope: str, fmt: str):
-    """Every Linear weight of `scope` ("all": body and head, "body": decoder layers only)
-    replaced by its FP8 rounding; compute stays in the model's precision. A tied LM head
-    is untied first when only the body is rounded, so the embedding keeps its weights."""
-    decoder_layers = model.get_decoder().layers
+    """Every weight matrix of the decoder layers (`body`), and the LM head too (`all`),
+    replaced by its FP8 rounding; norms and the embedding are kept, compute stays in the
+    model's precision. A head tied to the embedding is untied first, so the embedding keeps
+    its weights."""
     head = model.get_output_embeddings()
-    linears = [m for m in decoder_layers.modules() if isinstance(m, nn.Linear)]
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"fp8_weights rounds a plain linear LM head; this one is {type(head).__name__} "
+                         "(apply fp8_weights before an LM-head intervention)")
+    matrices = [p for _, p in _weight_matrices(model.get_decoder().layers)]
     if scope == "all":
-        linears.append(head)
-        if head.weight is model.get_input_embeddings().weight:  # tied: keep the embedding exact
+        if head.weight is model.get_input_embeddings().weight:
             untied = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None,
                                device=head.weight.device, dtype=head.weight.dtype)
             untied.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+            if head.bias is not None:
+                untied.bias = nn.Parameter(head.bias.detach().clone(), requires_grad=False)
             model.set_output_embeddings(untied)
-            linears[-1] = untied
+            head = untied
+        matrices.append(head.weight)
     with torch.no_grad():
-        for linear in linears:
-            linear.weight.copy_(round_to_fp8(linear.weight, fmt))
+        for weight in matrices:
+            weight.copy_(round_to_fp8(weight, fmt))
     return model
 
 
@@ -127,6 +150,12 @@ class ConsensusModel(nn.Module):
 
     def get_decoder(self):
         return self.copies[0].get_decoder()
+
+    def fired(self) -> torch.Tensor | None:
+        """Rows where any copy's LM-head intervention fired at the last step (None: none has one)."""
+        gates = [getattr(m.get_output_embeddings(), "fired", None) for m in self.copies]
+        gates = [g for g in gates if g is not None]
+        return torch.stack(gates).any(0) if gates else None
 
     def forward(self, *, cache=None, use_cache: bool = False, **kwargs):
         from .decode import _new_cache

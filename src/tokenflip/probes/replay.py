@@ -196,15 +196,21 @@ def with_layer_kv(cache, source, layer: int):
 
 
 def head_logits(model, normed: torch.Tensor) -> torch.Tensor:
-    """fp32 logits of final-norm outputs [N, H] through the model's LM head, in the
-    model's dtype, with the final soft-capping of models that have one (Gemma-2)."""
+    """fp32 logits of final-norm outputs [N, H] through the model's LM head, computed as the
+    model computes them: in its dtype, with the final soft-capping of models that have one
+    (Gemma-2 caps in the 16-bit dtype, then the decode loop copies to fp32)."""
+    head = model.get_output_embeddings()
+    cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
+    rows = []
     with torch.inference_mode():
-        head = model.get_output_embeddings()
-        logits = head(normed.to(model.device, model.dtype)).float()
-        cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits.cpu()
+        # One row at a time, shaped [1, 1, H] as in a decode step: a matrix product's rounding
+        # can depend on how many rows it multiplies at once.
+        for row in normed.to(model.device, model.dtype):
+            logits = head(row[None, None])
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            rows.append(logits[0, 0].float().cpu())
+    return torch.stack(rows)
 
 
 def lens_logits(model, layer_outputs: torch.Tensor) -> torch.Tensor:
