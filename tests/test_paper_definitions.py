@@ -172,3 +172,21 @@ def test_only_the_gated_head_alone_counts_as_the_papers_c():
                                 "C_norm": {"kind": "fp32_head", "gated": True, "scope": "final_norm"},
                                 "B": {"kind": "topk_fp32"}}}
     assert gated_c_labels(config) == {"C", "C_head"}
+
+
+def test_the_body_projection_row_compares_flip_and_other_steps_by_hand():
+    """App. XII: |body projection| at flip steps [0.1, 0.2, 0.3] against other steps
+    [0.15, 0.25, 0.35]: medians 0.2 and 0.25; Mann–Whitney U = 3 of 9 pairs, whose exact
+    two-sided p for 3 + 3 values is 2 · P(U ≤ 3) = 2 · 7/20 = 0.7. Margins: median 0.01 at
+    flips, 5 elsewhere, ×500."""
+    import pandas as pd
+
+    from tokenflip.paper import ProbeTables, comparison_rows
+
+    steps = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "flip": [True] * 3 + [False] * 3,
+                          "directional_body": [0.1, -0.2, 0.3, 0.15, 0.25, -0.35],
+                          "margin_a": [0.01, 0.02, 0.005, 5.0, 4.0, 6.0]})
+    rows = {r["claim"]: r["ours"] for r in comparison_rows(pd.DataFrame(), pd.DataFrame(), "cpu", set(),
+                                                             ProbeTables(precision_steps=steps))}
+    assert rows["body projection, flip vs other steps; their margins"] == \
+        "0.2 vs 0.25 (Mann–Whitney p = 0.7); margins ×500"

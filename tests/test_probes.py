@@ -224,8 +224,9 @@ def test_grafting_the_last_layer_from_b_fixes_every_flip(prepared_models):
             assert fixed == {"embedding": False, "layer 0": False, "layer 1": True, "final norm": True,
                              **({"kv cache": False} if t else {})}, direction
         # The heads are the same (fp32 both): the whole perturbation is the body's.
-        assert (steps["sigma_z_head"] == 0).all()
+        assert (steps["sigma_z_head"] == 0).all() and (steps["directional_head"] == 0).all()
         assert np.allclose(steps["sigma_z_body"], steps["sigma_z"], rtol=1e-4, atol=1e-7)
+        assert np.allclose(steps["directional_body"], steps["directional"], rtol=1e-9, atol=1e-9)
 
         # The same grafts by hand: the logits after the graft are exactly b's (or a's own).
         a = replay(model_a, prompt, use_cache=True, max_new_tokens=24, **kw)
@@ -260,6 +261,9 @@ def test_a_perturbation_confined_to_the_lm_head_is_all_head(prepared_models):
     assert (pd.DataFrame(r["layers"])["l2"] == 0).all()
     assert (steps["sigma_z_body"] == 0).all() and (steps["sigma_z_head"] > 0).all()
     assert np.allclose(steps["sigma_z_head"], steps["sigma_z"], rtol=1e-4)
+    # The same split of the top-2 directional perturbation (App. XII): all of it the head's.
+    assert (steps["directional_body"] == 0).all()
+    assert np.allclose(steps["directional_head"], steps["directional"], rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])

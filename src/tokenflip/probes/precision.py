@@ -41,13 +41,18 @@ def head_and_body(model_a, model_b, a, b) -> dict[str, np.ndarray]:
     With h the final norm's output and z_p(h) precision p's head applied to h:
     head part = z_b(h_a) − z_a(h_a) (same input, other head arithmetic), body part =
     z_b(h_b) − z_b(h_a) (same head, other hidden state); the two sum to z_b(h_b) − z_a(h_a).
-    The head's share is its part of the summed squares, σ_head² / (σ_head² + σ_body²)."""
-    from .replay import head_logits, rms
+    The head's share is its part of the summed squares, σ_head² / (σ_head² + σ_body²).
+    The same split of the directional perturbation between a's top two tokens gives App.
+    XII's body projection (`directional_body`) and the head's (`directional_head`)."""
+    from .replay import directional_perturbation, head_logits, rms
 
     a_of_a = head_logits(model_a, a.normed)
     b_of_a = head_logits(model_b, a.normed)
     b_of_b = head_logits(model_b, b.normed)
-    return {"sigma_z_head": rms(b_of_a - a_of_a).numpy(), "sigma_z_body": rms(b_of_b - b_of_a).numpy()}
+    head, body = b_of_a.double() - a_of_a.double(), b_of_b.double() - b_of_a.double()
+    return {"sigma_z_head": rms(head).numpy(), "sigma_z_body": rms(body).numpy(),
+            "directional_head": directional_perturbation(a.logits, head).numpy(),
+            "directional_body": directional_perturbation(a.logits, body).numpy()}
 
 
 def _fits(value, dtype) -> bool:
@@ -113,7 +118,7 @@ def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: 
     d = {**step_differences(a, b), **head_and_body(model_a, model_b, a, b)}
     flips = [int(t) for t in np.nonzero(d["flip"])[0]]
     per_step = ("kl", "margin_a", "margin_b", "sigma_z", "sigma_z_head", "sigma_z_body", "max_abs_dlogit",
-                "directional")
+                "directional", "directional_head", "directional_body")
     steps = [{"step": t, "flip": bool(d["flip"][t]), **{k: float(d[k][t]) for k in per_step}}
              for t in range(len(d["kl"]))]
     diff = d["layer_l2"]
@@ -162,6 +167,7 @@ PROBE = Probe(
                   "description": "graft at the first N flip steps of each prompt"},
     },
     aggregate={"layers": _mean_over_prompts},
-    version=3,  # 2: σz head/body split, grafting both ways from own caches, lens per prompt group;
-    # 3: the lens at the first token of every prompt, Agreed prompts at mid-generation
+    version=4,  # 2: σz head/body split, grafting both ways from own caches, lens per prompt group;
+    # 3: the lens at the first token of every prompt, Agreed prompts at mid-generation;
+    # 4: the directional perturbation split into head and body (App. XII)
 )

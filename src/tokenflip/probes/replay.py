@@ -237,17 +237,24 @@ def rms(x: torch.Tensor) -> torch.Tensor:
     return x.double().pow(2).mean(-1).sqrt()
 
 
+def directional_perturbation(reference: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Per row, how much the logit change `delta` moves the reference's runner-up j up
+    relative to its top token i, Δz_j − Δz_i (arXiv 2609.26621 §7.1): the other side picks
+    j over i when this exceeds the reference's margin z_i − z_j. Ties go to the smaller id,
+    as argmax does."""
+    top = reference.argmax(-1)
+    second = reference.scatter(-1, top[:, None], float("-inf")).argmax(-1)
+    delta = delta.double()
+    return (delta.gather(-1, second[:, None]) - delta.gather(-1, top[:, None]))[:, 0]
+
+
 def step_differences(a: Replay, b: Replay) -> dict[str, np.ndarray]:
     """Per step of two replays of one trajectory: KL(a‖b), both argmaxes and whether they
     differ, both top-2 margins, the largest |Δlogit|; per step and layer, the L2 distance
     of the layer outputs and the norm of b's."""
     top_a, top_b = a.logits.argmax(-1), b.logits.argmax(-1)
-    # The directional perturbation between a's top two candidates i and j (arXiv 2609.26621
-    # §7.1): how much b's numerics move j up relative to i, (Δz_j − Δz_i). b picks j over i
-    # when it exceeds a's margin z_i − z_j.
-    second_a = a.logits.scatter(-1, top_a[:, None], float("-inf")).argmax(-1)
     delta = b.logits.double() - a.logits.double()
-    directional = (delta.gather(-1, second_a[:, None]) - delta.gather(-1, top_a[:, None]))[:, 0]
+    directional = directional_perturbation(a.logits, delta)
     return {
         "kl": kl_divergence(a.logits, b.logits).numpy(),
         "top_a": top_a.numpy(), "top_b": top_b.numpy(), "flip": (top_a != top_b).numpy(),
