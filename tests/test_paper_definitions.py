@@ -178,7 +178,7 @@ def test_the_body_projection_row_compares_flip_and_other_steps_by_hand():
     """App. XII: |body projection| at flip steps [0.1, 0.2, 0.3] against other steps
     [0.15, 0.25, 0.35]: medians 0.2 and 0.25; Mann–Whitney U = 3 of 9 pairs, whose exact
     two-sided p for 3 + 3 values is 2 · P(U ≤ 3) = 2 · 7/20 = 0.7. Margins: median 0.01 at
-    flips, 5 elsewhere, ×500."""
+    flips, 5 elsewhere."""
     import pandas as pd
 
     from tokenflip.paper import ProbeTables, comparison_rows
@@ -189,4 +189,4 @@ def test_the_body_projection_row_compares_flip_and_other_steps_by_hand():
     rows = {r["claim"]: r["ours"] for r in comparison_rows(pd.DataFrame(), pd.DataFrame(), "cpu", set(),
                                                              ProbeTables(precision_steps=steps))}
     assert rows["body projection, flip vs other steps; their margins"] == \
-        "0.2 vs 0.25 (Mann–Whitney p = 0.7); margins ×500"
+        "0.2 vs 0.25 (Mann–Whitney p = 0.7); margins 0.01 vs 5"

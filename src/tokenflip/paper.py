@@ -238,9 +238,8 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
         need(flips), need(kept)
         body_f, body_k = flips["directional_body"].abs(), kept["directional_body"].abs()
         p = float(mannwhitneyu(body_f, body_k, alternative="two-sided").pvalue)
-        margins = float(kept["margin_a"].median()) / max(float(flips["margin_a"].median()), 1e-12)
         return (f"{_num(float(body_f.median()))} vs {_num(float(body_k.median()))} (Mann–Whitney p = {p:.2g}); "
-                f"margins ×{margins:.3g}",
+                f"margins {_num(float(flips['margin_a'].median()))} vs {_num(float(kept['margin_a'].median()))}",
                 f"{_models(steps)}; |body projection| at flip vs other steps, {len(flips)} vs {len(kept)}")
     add(PRECISION, "body projection, flip vs other steps; their margins", "equivalent; margins 10²–10³ apart",
         "TinyLlama, Qwen2.5-3B, App. XII, Table 20", body_projection)
