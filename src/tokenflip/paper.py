@@ -64,13 +64,24 @@ def _bf16_vs_fp16(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[((frame["a"] == "bf16") & (frame["b"] == "fp16")) | ((frame["a"] == "fp16") & (frame["b"] == "bf16"))]
 
 
+def graft_ends(grafting: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per grafting row, the precision grafted into and the one grafted from ("b→a": b's
+    state into a's run)."""
+    forward = grafting["direction"] == "b→a"
+    return grafting["a"].where(forward, grafting["b"]), grafting["b"].where(forward, grafting["a"])
+
+
 def _grafts_into(grafting: pd.DataFrame, into: str, source: str) -> pd.DataFrame:
     """Grafting rows where `source`'s state went into `into`'s run."""
     if grafting.empty or "direction" not in grafting:
         return grafting.iloc[0:0]
-    forward = (grafting["a"] == into) & (grafting["b"] == source) & (grafting["direction"] == "b→a")
-    backward = (grafting["b"] == into) & (grafting["a"] == source) & (grafting["direction"] == "a→b")
-    return grafting[forward | backward]
+    target, origin = graft_ends(grafting)
+    return grafting[(target == into) & (origin == source)]
+
+
+def _last_layer(frame: pd.DataFrame) -> pd.Series:
+    """Rows at their model's last layer (models differ in depth)."""
+    return frame["layer"] == frame.groupby("model")["layer"].transform("max")
 
 
 def gated_c_labels(config: dict[str, Any]) -> set[str]:
@@ -155,7 +166,7 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
         # App. I.3 / §7.5: one traced step per prompt, read through the final-layer lens,
         # Diverged prompts at their first flip against Agreed prompts.
         lens = need(lens_16)
-        last = lens[lens["layer"] == lens.groupby("model")["layer"].transform("max")]
+        last = lens[_last_layer(lens)]
         counts = last["group"].value_counts()
         return (f"{lens_margin(last, 'diverged')} vs {lens_margin(last, 'agreed')}",
                 f"{_models(last)}; final-layer lens, {counts.get('diverged', 0)} Diverged vs "
@@ -166,7 +177,7 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
     def margin_trend() -> tuple[str, str]:
         lens = need(lens_16)
         top = lens[lens["layer"] == lens["layer"].min()]
-        bottom = lens[lens["layer"] == lens.groupby("model")["layer"].transform("max")]
+        bottom = lens[_last_layer(lens)]
         return (f"{lens_margin(top, 'diverged')} → {lens_margin(bottom, 'diverged')}; "
                 f"{lens_margin(top, 'agreed')} → {lens_margin(bottom, 'agreed')}",
                 f"{_models(lens)}; lens margin, first → last layer, Diverged; Agreed")
@@ -175,7 +186,7 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
 
     def body_lens() -> tuple[str, str]:
         lens = need(lens_16)
-        div = lens[(lens["group"] == "diverged") & (lens["layer"] < lens.groupby("model")["layer"].transform("max"))]
+        div = lens[(lens["group"] == "diverged") & ~_last_layer(lens)]
         per_layer = need(div).groupby(["model", "layer"])["top1_agree"].mean()
         return (f"{_pct(float(per_layer.min()))}–{_pct(float(per_layer.max()))}",
                 f"{_models(div)}; body layers at the first flip, {div['prompt_id'].nunique()} prompt(s)")
@@ -183,7 +194,7 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
 
     def first_token() -> tuple[str, str]:
         lens = need(lens_16)
-        last = lens[(lens["group"] == "first_token") & (lens["layer"] == lens.groupby("model")["layer"].transform("max"))]
+        last = lens[(lens["group"] == "first_token") & _last_layer(lens)]
         last = need(last)
         return (f"{_pct(float(last['top1_agree'].mean()))}, mean margin {_num(float(last['margin_a'].mean()))}",
                 f"{_models(last)}; final-layer lens at the first token, {len(last)} prompt(s)")
@@ -202,9 +213,9 @@ def comparison_rows(pairs: pd.DataFrame, interventions: pd.DataFrame, device: st
             rows = _grafts_into(probes.grafting, into, source)
             rows = rows[rows["site"] == site]
             if layer == "last":
-                rows = rows[rows["layer"] == rows.groupby("model")["layer"].transform("max")]
+                rows = rows[_last_layer(rows)]
             elif layer == "body":
-                rows = rows[rows["layer"] < rows.groupby("model")["layer"].transform("max")]
+                rows = rows[~_last_layer(rows)]
             rows = need(rows)
             return _pct(float(rows["fixed"].mean())), f"{_models(rows)}; {len(rows)} graft(s) at flip steps"
         return compute

@@ -281,16 +281,20 @@ def patching_figure(patching: pd.DataFrame) -> str | None:
     return _svg(fig)
 
 
+# What each patching table gives per group of patched steps.
+PATCH_FIGURES = dict(experiments=("kl", "size"), median_kl=("kl", "median"), recovered=("kl_recovered", "median"),
+                     flips=("flip", "sum"))
+
+
 def patching_table(patching: pd.DataFrame) -> list[dict[str, Any]]:
     """Unpatched, the whole residual stream and the whole KV cache, per model and
-    precision; the per-layer patches are in the figure and tables/kv_patching_layers.csv."""
+    precision (the per-layer patches: `patching_layer_table`)."""
     if patching.empty or "kind" not in patching:
         return []
     data = patching[patching["kind"].isin(("none", *WHOLE_PATCHES))]
     agg = data.groupby(["model", "precision", "patch"], as_index=False).agg(
-        experiments=("kl", "size"), median_kl=("kl", "median"), recovered=("kl_recovered", "median"),
-        flips=("flip", "sum"), max_abs_dlogit=("max_abs_dlogit", "max"))
-    order = {"none": 0, "residual stream": 1, "kv cache": 2}
+        **PATCH_FIGURES, max_abs_dlogit=("max_abs_dlogit", "max"))
+    order = {patch: i for i, patch in enumerate(("none", *WHOLE_PATCHES))}
     return agg.sort_values(["model", "precision", "patch"], key=lambda c: c.map(order) if c.name == "patch" else c
                            ).to_dict("records")
 
@@ -300,9 +304,7 @@ def patching_layer_table(patching: pd.DataFrame) -> list[dict[str, Any]]:
     if patching.empty or "kind" not in patching:
         return []
     data = patching[patching["kind"].isin(("residual layer", "kv layer"))]
-    return data.groupby(["model", "precision", "kind", "layer"], as_index=False).agg(
-        experiments=("kl", "size"), median_kl=("kl", "median"), recovered=("kl_recovered", "median"),
-        flips=("flip", "sum")).to_dict("records")
+    return data.groupby(["model", "precision", "kind", "layer"], as_index=False).agg(**PATCH_FIGURES).to_dict("records")
 
 
 def probe_sigma_z(steps: pd.DataFrame) -> dict[tuple[str, str, str, str], dict[str, float]]:
@@ -372,8 +374,7 @@ GRAFT_COLUMNS = {-2: "emb", 10_000: "norm", 10_001: "KV"}
 def graft_frame(grafting: pd.DataFrame) -> pd.DataFrame:
     """Grafting rows with `into` (the run grafted into, ← the precision grafted from) and a
     `position` that orders the sites as the forward pass meets them."""
-    into = grafting["a"].where(grafting["direction"] == "b→a", grafting["b"])
-    source = grafting["b"].where(grafting["direction"] == "b→a", grafting["a"])
+    into, source = paper.graft_ends(grafting)
     position = grafting["site"].map(GRAFT_ORDER).fillna(grafting["layer"]).astype(int)
     return grafting.assign(into=into + " ← " + source, position=position)
 

@@ -153,8 +153,9 @@ class ConsensusModel(nn.Module):
 
     def fired(self) -> torch.Tensor | None:
         """Rows where any copy's LM-head intervention fired at the last step (None: none has one)."""
-        gates = [getattr(m.get_output_embeddings(), "fired", None) for m in self.copies]
-        gates = [g for g in gates if g is not None]
+        from .heads import fired
+
+        gates = [g for g in map(fired, self.copies) if g is not None]
         return torch.stack(gates).any(0) if gates else None
 
     def forward(self, *, cache=None, use_cache: bool = False, **kwargs):

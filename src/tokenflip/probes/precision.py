@@ -46,10 +46,10 @@ def head_and_body(model_a, model_b, a, b) -> dict[str, np.ndarray]:
     XII's body projection (`directional_body`) and the head's (`directional_head`)."""
     from .replay import directional_perturbation, head_logits, rms
 
-    a_of_a = head_logits(model_a, a.normed)
-    b_of_a = head_logits(model_b, a.normed)
-    b_of_b = head_logits(model_b, b.normed)
-    head, body = b_of_a.double() - a_of_a.double(), b_of_b.double() - b_of_a.double()
+    # z_a(h_a) and z_b(h_b) are the replays' own logits (head_logits reproduces them bit for
+    # bit: tests/test_probes.py); only b's head on a's hidden state is new.
+    b_of_a = head_logits(model_b, a.normed).double()
+    head, body = b_of_a - a.logits.double(), b.logits.double() - b_of_a
     return {"sigma_z_head": rms(head).numpy(), "sigma_z_body": rms(body).numpy(),
             "directional_head": directional_perturbation(a.logits, head).numpy(),
             "directional_body": directional_perturbation(a.logits, body).numpy()}
@@ -70,11 +70,10 @@ def graft_rows(model_a, model_b, prompt: list[int], a, b, t: int) -> list[dict[s
 
     tokens = a.tokens
     top_a, top_b = int(a.logits[t].argmax()), int(b.logits[t].argmax())
-    caches = {id(m): cache_before(m, prompt, tokens, t) for m in (model_a, model_b)}
+    cache_a, cache_b = (cache_before(model, prompt, tokens, t) for model in (model_a, model_b))
     rows = []
-    for direction, target, source, wanted, source_model in (("b→a", model_a, b, top_b, model_b),
-                                                             ("a→b", model_b, a, top_a, model_a)):
-        own_cache = caches[id(target)]
+    for direction, target, source, wanted, own_cache, source_cache in (
+            ("b→a", model_a, b, top_b, cache_a, cache_b), ("a→b", model_b, a, top_a, cache_b, cache_a)):
         sites = [("embedding", "embedding", -1, source.embedding[t]),
                  *((f"layer {i}", "layer", i, source.layer_outputs[t, i]) for i in range(source.layer_outputs.shape[1])),
                  ("final norm", "final_norm", -1, source.normed[t])]
@@ -84,7 +83,6 @@ def graft_rows(model_a, model_b, prompt: list[int], a, b, t: int) -> list[dict[s
             rows.append({"step": t, "direction": direction, "graft": label, "site": site, "layer": layer,
                          "fixed": int(g.logits[0].argmax()) == wanted, "lossless": _fits(value, target.dtype)})
         if t >= 1:  # step 0 is the prefill: there is no cache yet
-            source_cache = caches[id(source_model)]
             g = step_once(target, prompt, tokens, t, cast_cache(source_cache, target.dtype))
             kv = [x for layer in source_cache.layers for x in (layer.keys, layer.values)]
             rows.append({"step": t, "direction": direction, "graft": "kv cache", "site": "kv_cache", "layer": -1,
