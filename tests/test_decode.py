@@ -167,3 +167,67 @@ def test_left_pad():
     ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+# --- Stop sequences ----------------------------------------------------------------------------
+
+
+def _stop_inside(tokenizer, tokens: list[int]) -> tuple[str, int]:
+    """A stop string that the completion `tokens` first contains at some step t > 1, and t:
+    the last characters of the text before a token joined with the first character of that
+    token, so that the stop spans a token boundary and ends inside a token."""
+    for at in range(2, len(tokens)):
+        before = tokenizer.decode(tokens[:at])
+        after = tokenizer.decode(tokens[:at + 1])
+        piece = after[len(before):]
+        if not after.startswith(before) or len(before) < 3 or not piece[:1].isalpha() or not before[-3:].isascii():
+            continue
+        stop = before[-3:] + piece[0]
+        if stop.strip() != stop or not stop.isprintable():
+            continue
+        first = next(t for t in range(len(tokens)) if stop in tokenizer.decode(tokens[:t + 1]))
+        if first == at:
+            return stop, at
+    raise AssertionError("no usable stop string in this completion")
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_stop_strings_equal_generate(prepared_models, arch, use_cache):
+    """A row ends on the token that completes a stop string, exactly where generate(stop_strings=...)
+    ends it: same tokens, same logits at every step, the other rows of the left-padded batch
+    going on; its decoded completion contains the stop for the first time at that step."""
+    from tokenflip.decode import stop_criterion
+
+    model, tokenizer, _ = load_prepared(prepared_models(arch), "bf16", "cpu")
+    ids, mask = _inputs(tokenizer, 4)
+    eos = eos_ids(model, tokenizer)
+    free = decode(model, ids, mask, max_new_tokens=16, use_cache=use_cache, eos_token_ids=eos,
+                  pad_token_id=tokenizer.pad_token_id)
+    stop, at = _stop_inside(tokenizer, free.generations[1].token_ids)
+    seen, select = _capture()
+    ours = decode(model, ids, mask, max_new_tokens=16, use_cache=use_cache, eos_token_ids=eos,
+                  pad_token_id=tokenizer.pad_token_id, select=select, stop=stop_criterion(tokenizer, [stop]))
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                         use_cache=use_cache, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
+                         stop_strings=[stop], tokenizer=tokenizer, output_logits=True,
+                         return_dict_in_generate=True)
+    assert ours.steps == len(ref.logits)
+    for step, (mine, theirs) in enumerate(zip(seen, ref.logits)):
+        assert torch.equal(mine, theirs), f"logits differ at step {step}"
+    stopped = ours.generations[1]
+    assert stopped.finish_reason == "stop" and len(stopped.token_ids) == at + 1
+    assert stopped.token_ids == free.generations[1].token_ids[:at + 1]
+    assert stop in tokenizer.decode(stopped.token_ids) and stop not in tokenizer.decode(stopped.token_ids[:-1])
+    for row, gen in enumerate(ours.generations):
+        expected = ref.sequences[row, ids.shape[1]:].tolist()
+        assert gen.token_ids == expected[:len(gen.token_ids)]
+        assert all(t == tokenizer.pad_token_id for t in expected[len(gen.token_ids):])
+        # a row stops where its own completion first contains the stop, or runs on
+        texts = [tokenizer.decode(gen.token_ids[:t + 1]) for t in range(len(gen.token_ids))]
+        first = next((t for t, text in enumerate(texts) if stop in text), None)
+        if gen.finish_reason == "stop":
+            assert first == len(gen.token_ids) - 1
+        elif gen.finish_reason == "length":
+            assert first is None and len(gen.token_ids) == 16
+    assert free.generations[1].finish_reason != "stop"

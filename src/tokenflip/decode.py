@@ -19,6 +19,20 @@ import torch
 
 # (fp32 logits [B, V], step) -> chosen token ids [B]
 TokenSelector = Callable[[torch.Tensor, int], torch.Tensor]
+# (every row's ids so far [B, T], fp32 logits [B, V]) -> rows that just completed a stop
+# sequence [B]: transformers' StopStringCriteria, what generate(stop_strings=...) runs.
+StopCriterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def stop_criterion(tokenizer, stop_strings: Sequence[str]) -> StopCriterion | None:
+    """The library's own stop-string matcher for these strings (None for no strings), so
+    that a row ends on exactly the token where `generate(stop_strings=..., tokenizer=...)`
+    ends it, including a stop string that spans several tokens or ends inside one."""
+    if not stop_strings:
+        return None
+    from transformers import StopStringCriteria
+
+    return StopStringCriteria(tokenizer, list(stop_strings))
 
 
 def greedy(logits: torch.Tensor, step: int) -> torch.Tensor:
@@ -132,11 +146,15 @@ def decode(
     record_top_k: int = 16,
     select: TokenSelector = greedy,
     hooks: StepHooks | None = None,
+    stop: StopCriterion | None = None,
 ) -> BatchResult:
     """Generate for one left-padded batch and record every step of every row.
 
-    Finished rows keep receiving `pad_token_id` (as `generate()` does) so that the batch
-    shape, and therefore the arithmetic of the other rows, is what users run.
+    A row ends at EOS (`finish_reason` "eos"), when `stop` says its newest token completed
+    a stop sequence ("stop"; the token is kept, as generate() keeps it), or at
+    `max_new_tokens` ("length"). Finished rows keep receiving `pad_token_id` (as
+    `generate()` does) so that the batch shape, and therefore the arithmetic of the other
+    rows, is what users run.
     """
     device = model.device
     seqs = _Sequences(input_ids.to(device), attention_mask.to(device))
@@ -169,6 +187,11 @@ def decode(
         for row in torch.nonzero(hit_eos).flatten().tolist():
             generations[row].finish_reason = "eos"
         unfinished &= ~hit_eos
+        if stop is not None:
+            hit_stop = stop(seqs.ids, logits).to(device) & unfinished
+            for row in torch.nonzero(hit_stop).flatten().tolist():
+                generations[row].finish_reason = "stop"
+            unfinished &= ~hit_stop
         if not bool(unfinished.any()):
             break
     if device.type == "cuda":
