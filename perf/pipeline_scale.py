@@ -119,7 +119,8 @@ def cell_records(arrays: dict, rng: np.random.Generator) -> list[dict]:
             "entropy": rng.gamma(0.5, 1.0, size=STEPS).astype(np.float32).tolist(),
             "intervened": (rng.random(STEPS) < 0.02).tolist(), "n_tokens": STEPS, "finish_reason": "length",
             "text": text, "gold": str(p), "extracted": str(p if rng.random() < 0.6 else p + 1),
-            "correct": bool(rng.random() < 0.6), "latency_s": float(rng.uniform(5, 50)),
+            "correct": bool(rng.random() < 0.6), "answer_rule": "####", "verdict": "wrong",
+            "latency_s": float(rng.uniform(5, 50)),
         })
     return records
 

@@ -79,7 +79,8 @@ def real_table(args, n_prompts: int, new_tokens: int) -> pa.Table:
             "top_logits": np.asarray(gen.top_logits, dtype=np.float32).reshape(-1, K),
             "margin": gen.margin, "logsumexp": gen.logsumexp, "entropy": gen.entropy,
             "intervened": gen.intervened, "n_tokens": len(gen.token_ids), "finish_reason": gen.finish_reason,
-            "text": text, "gold": None, "extracted": None, "correct": None, "latency_s": res.wall_seconds,
+            "text": text, "gold": None, "extracted": None, "correct": None, "answer_rule": "none",
+            "verdict": "no_answer", "latency_s": res.wall_seconds,
         })
     return storage.cell_table(records, K)
 

@@ -63,6 +63,18 @@ def prepared_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gsm8k_files(tmp_path_factory) -> SimpleNamespace:
+    """The shared GSM8K test file as an evaluated part (records 0-299) and an exemplar pool
+    that overlaps it (records 200-599), as two local copies of one split can: few-shot
+    exemplars must come from a file other than the one evaluated, and never be evaluated items."""
+    lines = (SHARED_DATA / "gsm8k" / "test.jsonl").read_text(encoding="utf-8").splitlines()
+    root = tmp_path_factory.mktemp("gsm8k")
+    (root / "eval.jsonl").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
+    (root / "pool.jsonl").write_text("\n".join(lines[200:600]) + "\n", encoding="utf-8")
+    return SimpleNamespace(eval=root / "eval.jsonl", pool=root / "pool.jsonl", overlap=range(200, 300))
+
+
+@pytest.fixture(scope="session")
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS

@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tokenflip.benchmarks import (
     BENCHMARKS,
@@ -56,11 +57,70 @@ def arithmetic(n: int, seed: int = 0) -> Benchmark:
         ("We get 12 apples. the answer is 7 and later 9", "7"),
         ("She has 10 - 3 = 7 left", "7"),
         ("#### **42**", "42"),
-        ("#### none\nso it is 5", "5"),
+        # The first "####" decides: an answer line without a number is no answer (a judge
+        # does not take a later number the model did not give as its answer).
+        ("#### none\nso it is 5", None),
+        ("####\n18", "18"),
     ],
 )
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+# --- GSM8K against lm-evaluation-harness and a careful judge ------------------------------------
+
+GSM8K_CASES = yaml.safe_load((Path(__file__).parent / "data" / "gsm8k_completions.yaml").read_text(encoding="utf-8"))
+# Where the scorer and the judge differ, and why (every other case agrees).
+JUDGE_DIFFERS = {
+    # The stop "Question:" is lm-eval's; inside the model's own reasoning ("Follow-up
+    # Question:") it ends generation too, so the "#### 15" is never written: with the
+    # stop in the decode loop, what is scored is what was generated.
+    "stop-question-inside-reasoning": "20",
+}
+
+
+def test_gsm8k_scorer_agrees_with_a_careful_judge_on_base_model_completions():
+    """91 completions a base model writes after a bare "Question: ... Answer:" prompt
+    (tests/data/gsm8k_completions.yaml): its own next "Question:", several "####", commas,
+    `$`, decimals, negatives and a Unicode minus, equations after "####", "The answer is",
+    units, fractions, times, number words, no answer. The scorer reads the text before the
+    stop as a careful judge reads the completion, on every case but JUDGE_DIFFERS. A case
+    whose id starts with "truncated" ended at the token limit (no answer yet)."""
+    bench = build_benchmark("g", {"kind": "gsm8k", "format": "bare", "system_prompt": False})
+    assert bench.stop == ("Question:", "</s>", "<|im_end|>")
+    assert len(GSM8K_CASES) >= 60 and len({c["id"] for c in GSM8K_CASES}) == len(GSM8K_CASES)
+    for case in GSM8K_CASES:
+        item = Item(id=case["id"], question="q", gold=case["gold"])
+        score = bench.score(item, case["completion"], finished=not case["id"].startswith("truncated"))
+        expected = JUDGE_DIFFERS.get(case["id"], case["expected"])
+        assert score.extracted == expected, case
+        assert score.correct is answers_match(expected, case["gold"]), case
+        assert score.verdict == ("no_answer" if expected is None else "correct" if score.correct else "wrong")
+
+
+def test_gsm8k_scorer_differs_from_lm_eval_where_lm_eval_misreads():
+    """lm-eval 0.4.13's gsm8k task (strict-match: the first `#### (-?[0-9.,]+)`, exact string
+    match after removing `,`, `$` and a final `.`; flexible-extract: the last number) on the
+    same texts, as recorded in the file. Its strict filter scores a right answer wrong when it
+    is written `#### $18`, `#### **18**`, `#### 18.00` (a string compare), `#### −10`, `####18`
+    ... or stated without "####"; its flexible filter takes a trailing number ("...for the
+    next 2 days", a year, the invented next question's answer when the stop is missing). Where
+    lm-eval's strict verdict differs from the judge's, ours is the judge's on each case."""
+    bench = build_benchmark("g", {"kind": "gsm8k", "format": "bare", "system_prompt": False})
+    strict_wrong = flexible_wrong = 0
+    for case in GSM8K_CASES:
+        if case["id"] in JUDGE_DIFFERS:
+            continue
+        judge = answers_match(case["expected"], case["gold"])
+        ours = bench.score(Item(id="x", question="q", gold=case["gold"]), case["completion"],
+                           finished=not case["id"].startswith("truncated")).correct
+        assert ours is judge
+        strict_wrong += case["lmeval_correct_strict"] is not judge
+        flexible_wrong += case["lmeval_correct_flexible"] is not judge
+        if normalize_answer(case["lmeval_strict"]) != case["expected"] and case["lmeval_correct_strict"] is not judge:
+            assert case.get("note"), case
+    # of the 90 cases: lm-eval strict and flexible each misjudge 24 of them
+    assert (strict_wrong, flexible_wrong) == (24, 24)
 
 
 def test_no_number_extracts_none_and_is_never_correct():

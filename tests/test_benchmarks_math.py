@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+
 from tokenflip.benchmarks import (
     MATH_SYSTEM_PROMPT,
     BenchmarkError,
@@ -21,10 +23,8 @@ from tokenflip.benchmarks import (
     Math500Benchmark,
     build_benchmark,
     last_boxed,
-    math_equal,
-    normalize_math,
 )
-from tokenflip.benchmarks.math_equiv import RULES, to_sympy
+from tokenflip.benchmarks.math_equiv import RULES
 from tokenflip.benchmarks.math500 import BOXED_SYSTEM_PROMPT
 
 from conftest import SHARED_DATA as DATA  # noqa: E402
@@ -52,11 +52,11 @@ def test_math500_boxed_solutions_equal_answers():
     ids = [i.id for i in items]
     assert len(set(ids)) == 500 and all(re.fullmatch(r"math500-[A-Za-z0-9-]+", i) for i in ids)
     assert ids[0] == "math500-precalculus-807"
-    verdicts = [bench.judge(item, item.solution) for item in items]
-    rules = Counter(v.rule for v in verdicts if v.equal)
-    assert sum(v.equal for v in verdicts) >= 497, [(i.id, bench.extract(i.solution), i.gold)
-                                                    for i, v in zip(items, verdicts) if not v]
-    assert rules["exact"] >= 490 and set(rules) <= set(RULES)
+    scores = [bench.score(item, item.solution) for item in items]
+    # The dataset's own solutions end in their \\boxed answer: all 500 score.
+    assert sum(s.correct for s in scores) == 500, [(i.id, s.extracted, i.gold) for i, s in zip(items, scores)
+                                                   if not s.correct]
+    assert Counter(s.rule for s in scores) == {"boxed": 500}
     assert all(bench.is_correct(item, f"so the answer is $\\boxed{{{item.gold}}}$.") for item in items)
 
 
@@ -68,7 +68,8 @@ def test_math500_prompt_and_describe():
                                     {"role": "user", "content": item.question}]
     info = bench.describe()
     assert info["n"] == 3 and info["prompt_format"] == "chat, 0-shot"
-    assert "boxed" in info["scorer"] and "sympy" in info["scorer"] and info["rules"] == list(RULES)
+    assert "math-verify" in info["scorer"] and info["math_verify"] == "0.9.0"
+    assert info["answer_rules"] == list(RULES) and info["stop"] == []
     assert info["source"]["path"] == str(MATH500) and len(info["source"]["sha256"]) == 64
     json.dumps(info)
 
@@ -128,70 +129,99 @@ def test_last_boxed(text, expected):
     assert last_boxed(text) == expected
 
 
-@pytest.mark.parametrize(
-    ("raw", "normal"),
-    [
-        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
-        ("\\dfrac{1}{2}", "\\frac{1}{2}"),
-        ("\\tfrac12", "\\frac{1}{2}"),
-        ("\\sqrt2", "\\sqrt{2}"),
-        ("90^\\circ", "90"),
-        ("90^{\\circ}", "90"),
-        ("864 \\mbox{ inches}^2", "864"),
-        ("15\\text{ cm}^2", "15"),
-        ("10 degrees", "10"),
-        ("\\$18.90", "18.90"),
-        ("25\\%", "25"),
-        ("1,\\!000", "1000"),
-        ("1{,}000{,}000", "1000000"),
-        ("x = 5", "5"),
-        ("\\theta = \\frac{\\pi}{3}", "\\frac{\\pi}{3}"),
-        ("5.", "5"),
-        (".5", "0.5"),
-        ("\\text{(C)}", "C"),
-        ("\\text{Evelyn}", "Evelyn"),
-        ("\\textbf{(A) } 4", "(A)4"),
-        ("a \\, b", "ab"),
-    ],
-)
-def test_normalize_math(raw, normal):
-    assert normalize_math(raw) == normal
+# --- equivalence: math-verify, checked against a careful human judge ----------------------------
+
+REWRITES = yaml.safe_load((Path(__file__).parent / "data" / "math500_rewrites.yaml").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize(
-    ("predicted", "gold", "equal", "rule"),
-    [
-        ("\\frac{1}{2}", "\\frac{1}{2}", True, "exact"),
-        ("\\dfrac{1}{2}", "\\frac12", True, "normalized"),
-        ("90^\\circ", "90", True, "normalized"),
-        ("864 \\mbox{ inches}^2", "864", True, "normalized"),
-        ("2.50", "2.5", True, "numeric"),
-        ("1,000", "1000.0", True, "numeric"),
-        ("2.4", "2.5", False, "numeric"),
-        ("0.5", "\\frac{1}{2}", True, "sympy"),
-        ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}", True, "sympy"),
-        ("x^2+2x+1", "(x+1)^2", True, "sympy"),
-        ("2^{10}", "1024", True, "sympy"),
-        ("\\sqrt[3]{8}", "2", True, "sympy"),
-        ("3+4i", "4i+3", True, "sympy"),
-        ("\\frac{1}{3}", "0.333", False, "sympy"),
-        ("x+1", "x+2", False, "sympy"),
-        ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)", True, "elementwise"),
-        ("2, -1", "-1, 2", True, "elementwise"),
-        ("(2,-1)", "(-1,2)", False, "elementwise"),
-        ("[1,2)", "(1,2)", False, "elementwise"),
-        ("ab", "ba", False, "normalized"),
-        ("Monday", "Tuesday", False, "normalized"),
-        ("\\mathcal{A}", "5", False, "unparsed"),
-        (None, "1", False, "no-answer"),
-        ("", "1", False, "no-answer"),
-        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", True, "normalized"),
-    ],
-)
-def test_math_equal_reports_rule(predicted, gold, equal, rule):
-    verdict = math_equal(predicted, gold)
-    assert (verdict.equal, verdict.rule) == (equal, rule)
-    assert bool(verdict) is equal
+@pytest.fixture(scope="module")
+def math500_by_uid():
+    bench = build_benchmark("m", {"kind": "math500", "source": {"path": str(MATH500)}})
+    records = [json.loads(line) for line in MATH500.read_text(encoding="utf-8").splitlines()]
+    return bench, {record["unique_id"]: item for record, item in zip(records, bench.items())}
+
+
+def _rewrite_completion(case: dict) -> str:
+    return case["completion"] if case.get("unboxed") else "The final answer is $\\boxed{" + case["answer"] + "}$."
+
+
+@needs_math500
+def test_math500_scores_rewrites_of_the_real_answers_as_math_verify_does(math500_by_uid):
+    """379 rewrites of MATH-500's real answers (tests/data/math500_rewrites.yaml: 353 boxed and
+    26 unboxed final answers, right and wrong), each with a careful human judge's verdict and
+    math-verify 0.9.0's, recorded by calling math-verify directly on the same text. The scorer
+    is math-verify, so it gives math-verify's verdict on every one. math-verify agrees with the
+    judge on 352; each of the 27 differences is explained in the file's `note`. The scorer
+    is wrong with it there: it accepts a number whose base subscript is wrong (`204_6`),
+    a dollar or metre amount where cents or centimetres were asked (units are stripped), a
+    plane's equation that breaks the problem's gcd condition, and `13.287197` for 3840/289
+    (6-decimal rounding); it rejects an inequality for the same interval (`-2 \\le x \\le
+    7`), thin-space digit groups (`58\\,500`), a plain-text mixed number `1 4/5`, a
+    Unicode degree sign, `0.\\overline{5}`, text answers and lettered choices with words,
+    a tuple for a column vector, `-I` for the identity matrix, and, unboxed, a bare letter
+    outside `$...$`, two roots written in words, and a final approximation after the exact
+    value."""
+    bench, by_uid = math500_by_uid
+    assert len(REWRITES) >= 100
+    agree, differ = 0, []
+    for case in REWRITES:
+        score = bench.score(by_uid[case["unique_id"]], _rewrite_completion(case))
+        assert score.correct is case["math_verify"], case
+        assert score.verdict in (("correct",) if score.correct else ("wrong", "no_answer")), case
+        if case["judge"] == case["math_verify"]:
+            agree += 1
+        else:
+            assert case.get("note"), case
+            differ.append(case)
+    assert (agree, len(differ)) == (352, 27)
+    assert sum(c["judge"] for c in REWRITES) == 212
+    rules = Counter(bench.score(by_uid[c["unique_id"]], _rewrite_completion(c)).rule
+                    for c in REWRITES if c.get("unboxed"))
+    assert rules == {"final answer": 5, "last expression": 19, "none": 2}
+
+
+@needs_math500
+@pytest.mark.parametrize(("uid", "answer", "right"), [
+    ("test/number_theory/864.json", "52_8", True),                      # gold 52_8, written 52_{8}
+    ("test/geometry/826.json", "\\frac95", True),                        # gold 1\frac{4}{5}
+    ("test/geometry/826.json", "1.8", True),
+    ("test/geometry/826.json", "\\frac45", False),                       # a mixed number is not a product
+    ("test/number_theory/417.json", "11111111000", False),              # gold 11111111100: no tolerance
+    ("test/geometry/1140.json", "13.2872", False),                      # gold 3840/289 = 13.28719...
+])
+def test_math500_cases_the_hand_written_rules_got_wrong(math500_by_uid, uid, answer, right):
+    bench, by_uid = math500_by_uid
+    item = by_uid[uid]
+    assert bench.score(item, f"so $\\boxed{{{answer}}}$").correct is right, (item.gold, answer)
+
+
+@pytest.mark.parametrize(("completion", "rule", "extracted", "correct"), [
+    ("thus $\\boxed{0.5}$", "boxed", "\\frac{1}{2}", True),   # `extracted` is math-verify's own reading
+    # Two boxed answers are read as the set of both (math-verify's boxed="all"), never as one of them.
+    ("first \\boxed{3} so \\boxed{4}", "boxed", "3,4", False),
+    ("Final Answer: The final answer is $\\frac{1}{2}$. I hope it is correct.", "final answer", "\\frac{1}{2}", True),
+    ("so x equals $0.5$", "last expression", "\\frac{1}{2}", True),
+    ("I do not know", "none", None, False),
+    ("", "none", None, False),
+])
+def test_math500_answer_rule(completion, rule, extracted, correct):
+    bench = Math500Benchmark("m", 1)
+    score = bench.score(Item(id="x", question="q", gold="\\frac{1}{2}"), completion)
+    assert (score.rule, score.extracted, score.correct) == (rule, extracted, correct)
+    assert score.verdict == ("no_answer" if extracted is None else "correct" if correct else "wrong")
+
+
+def test_math500_scores_only_the_text_before_its_stop():
+    """A base model prompted bare writes its own next "Problem:" and solves it: only the text
+    before it is scored (lm-eval's minerva_math stops there too)."""
+    bench = build_benchmark("m", {"kind": "math500", "n": 1, "format": "bare", "system_prompt": False})
+    assert bench.stop == ("Problem:",)
+    item = Item(id="x", question="What is 1+1?", gold="2")
+    completion = "1+1 = 2, so $\\boxed{2}$.\n\nProblem:\nWhat is 2+2?\n\nSolution: $\\boxed{4}$"
+    assert bench.score(item, completion).correct and bench.extract(completion) == "2"
+    text = bench.bare_text(item)
+    assert text == ("Problem:\nWhat is 1+1?\n\nSolve the problem step by step and put your final answer "
+                    "within \\boxed{}.\n\nSolution:")
 
 
 @pytest.mark.parametrize(
@@ -206,84 +236,79 @@ def test_math_equal_reports_rule(predicted, gold, equal, rule):
         "\\frac{1}{0}",
     ],
 )
-def test_sympy_refuses_unsafe_or_huge_input(hostile, tmp_path, monkeypatch):
+def test_math_verify_refuses_unsafe_or_huge_input(hostile, tmp_path, monkeypatch):
+    """math-verify parses to sympy without evaluating code, and its own time limit (3 s here)
+    ends an exponent tower."""
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
-    verdict = math_equal(hostile, "5")
-    assert not verdict.equal
-    assert time.monotonic() - start < 3
+    assert not Math500Benchmark("m", 1).score(Item(id="x", question="q", gold="5"), f"$\\boxed{{{hostile}}}$").correct
+    assert time.monotonic() - start < 8
     assert not (tmp_path / "pwned").exists()
-
-
-def test_to_sympy_whitelist():
-    import sympy
-
-    assert to_sympy("\\frac{\\pi}{2}") == sympy.pi / 2
-    assert to_sympy("2\\sqrt{2}") == 2 * sympy.sqrt(2)
-    assert to_sympy("os.system") is None
-    assert to_sympy("\\unknowncommand{1}") is None
-
-
-def test_math500_judge_says_which_rule():
-    bench = Math500Benchmark("m", 1)
-    item = Item(id="x", question="q", gold="\\frac{1}{2}")
-    assert bench.judge(item, "thus \\boxed{0.5}").rule == "sympy"
-    assert bench.judge(item, "thus \\boxed{\\dfrac{1}{2}}.").rule == "normalized"
-    assert bench.judge(item, "thus 1/2").rule == "no-answer"
-    assert bench.extract("\\boxed{3} so \\boxed{4}") == "4"
 
 
 # --- GSM8K few-shot ----------------------------------------------------------------------------
 
 
-def gsm8k_fewshot(n=30, seed=0, shots=8):
-    return build_benchmark("g", {"kind": "gsm8k", "n": n, "prompt": "fewshot", "shots": shots, "seed": seed,
-                                 "source": {"path": str(GSM8K_TEST)}, "exemplars": {"path": str(GSM8K_TEST)}})
+@pytest.fixture
+def gsm8k_fewshot(gsm8k_files):
+    def build(n=30, seed=0, shots=8, eval_path=gsm8k_files.eval, pool_path=gsm8k_files.pool):
+        return build_benchmark("g", {"kind": "gsm8k", "n": n, "prompt": "fewshot", "shots": shots, "seed": seed,
+                                     "source": {"path": str(eval_path)}, "exemplars": {"path": str(pool_path)}})
+    return build
 
 
 @needs_gsm8k
-def test_gsm8k_fewshot_messages_and_exclusion():
+def test_gsm8k_fewshot_messages(gsm8k_fewshot, gsm8k_files):
     bench = gsm8k_fewshot()
     items = bench.items()
     info = bench.describe()
-    default = info["fewshot"]["exemplar_indices"]
-    assert len(default) == 8 and len(set(default)) == 8
-    pool = [json.loads(line) for line in GSM8K_TEST.read_text(encoding="utf-8").splitlines()]
+    chosen = info["fewshot"]["exemplar_indices"]
+    assert len(chosen) == 8 and len(set(chosen)) == 8
+    pool = [json.loads(line) for line in gsm8k_files.pool.read_text(encoding="utf-8").splitlines()]
     for item in items:
         messages = bench.messages(item)
         assert messages[0] == {"role": "system", "content": MATH_SYSTEM_PROMPT}
         assert [m["role"] for m in messages[1:]] == ["user", "assistant"] * 8 + ["user"]
         assert messages[-1]["content"] == item.question
-        shown = [m["content"] for m in messages[1:-1:2]]
-        assert item.question not in shown
+        assert [m["content"] for m in messages[1:-1:2]] == [pool[i]["question"] for i in chosen]
         for m in messages[2:-1:2]:
             assert "<<" not in m["content"] and re.search(r"#### \S+$", m["content"])
             assert bench.extract(m["content"]) is not None
-    inside = [i for i in range(len(pool)) if f"gsm8k-{i:04d}" in {it.id for it in items} and i in default]
-    for index in inside:
-        item_id = f"gsm8k-{index:04d}"
-        chosen = info["fewshot"]["substitutions"][item_id]
-        assert index not in chosen and len(chosen) == 8
-    assert set(info["fewshot"]["substitutions"]) == {f"gsm8k-{i:04d}" for i in inside}
-    assert info["fewshot"]["source"]["path"] == str(GSM8K_TEST) and info["fewshot"]["seed"] == 0
+    assert info["fewshot"]["source"]["path"] == str(gsm8k_files.pool) and info["fewshot"]["seed"] == 0
     assert info["prompt_format"].startswith("chat, 8-shot") and info["prompt"] == "fewshot"
     json.dumps(info)
 
 
 @needs_gsm8k
-def test_gsm8k_fewshot_item_excluded_from_own_exemplars_everywhere():
-    bench = gsm8k_fewshot(n=None)
-    default = bench.describe()["fewshot"]["exemplar_indices"]
-    items = bench.items()
-    for index in default:
-        own = items[index]
-        shown = [m["content"] for m in bench.messages(own)[1:-1:2]]
-        assert own.question not in shown and len(shown) == 8
-    assert set(bench.describe()["fewshot"]["substitutions"]) == {f"gsm8k-{i:04d}" for i in default}
+def test_gsm8k_fewshot_never_shows_an_evaluated_item(gsm8k_fewshot, gsm8k_files):
+    """The pool shares records 200-299 with the evaluated file: with all 300 items evaluated,
+    none of those 100 is ever an exemplar (the seeded order reaches them: they would have
+    been chosen), while evaluating only the first 100 items leaves the pool as it is."""
+    evaluated = {item.question for item in gsm8k_fewshot(n=None).items()}
+    for seed in range(6):
+        bench = gsm8k_fewshot(n=None, seed=seed)
+        shown = {m["content"] for m in bench.messages(bench.items()[0])[1:-1:2]}
+        assert not shown & evaluated
+        assert bench.describe()["fewshot"]["excluded_evaluated"] == 100
+    unrestricted = [gsm8k_fewshot(n=100, seed=seed).exemplar_indices() for seed in range(6)]
+    overlap = {i - 200 for i in gsm8k_files.overlap}
+    assert any(set(chosen) & overlap for chosen in unrestricted)
+    assert gsm8k_fewshot(n=100).describe()["fewshot"]["excluded_evaluated"] == 0
 
 
 @needs_gsm8k
-def test_gsm8k_fewshot_is_deterministic_by_seed():
+def test_gsm8k_exemplars_from_the_evaluated_file_are_refused(gsm8k_fewshot, gsm8k_files):
+    with pytest.raises(BenchmarkError, match=r"exemplars come from the data being evaluated .*eval.jsonl"):
+        gsm8k_fewshot(pool_path=gsm8k_files.eval)
+    with pytest.raises(BenchmarkError, match=r"exemplars come from the data being evaluated"):
+        build_benchmark("g", {"kind": "gsm8k", "prompt": "fewshot",
+                              "source": {"hub": "openai/gsm8k", "config": "main", "split": "test"},
+                              "exemplars": {"hub": "openai/gsm8k", "config": "main", "split": "test",
+                                            "revision": "abc"}})
+
+
+@needs_gsm8k
+def test_gsm8k_fewshot_is_deterministic_by_seed(gsm8k_fewshot):
     a, b, c = gsm8k_fewshot(seed=3), gsm8k_fewshot(seed=3), gsm8k_fewshot(seed=4)
     item = a.items()[5]
     assert a.messages(item) == b.messages(item)

@@ -51,7 +51,7 @@ def test_triggered_prompts_come_from_the_per_step_flags():
                         "top_logits": np.zeros((steps, 2), np.float32), "margin": [0.0] * steps,
                         "logsumexp": [0.0] * steps, "entropy": [0.0] * steps, "intervened": flags,
                         "n_tokens": steps, "finish_reason": "length", "text": "", "gold": None, "extracted": None,
-                        "correct": None, "latency_s": 0.0})
+                        "correct": None, "answer_rule": "none", "verdict": "no_answer", "latency_s": 0.0})
     assert triggered_prompts(storage.cell_table(records, 2)) == {"p0", "p2"}
 
 

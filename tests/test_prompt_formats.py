@@ -76,7 +76,7 @@ def test_a_format_the_tokenizer_cannot_take_is_refused_with_what_to_change(varia
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs ../shared/data")
-def test_bare_prompts_of_the_papers_benchmarks():
+def test_bare_prompts_of_the_papers_benchmarks(gsm8k_files):
     humaneval = build_benchmark("he", {"kind": "humaneval", "n": 1, "format": "bare"})
     item = humaneval.items()[0]
     assert humaneval.bare_text(item) == item.question   # the model continues the function
@@ -86,8 +86,7 @@ def test_bare_prompts_of_the_papers_benchmarks():
     assert text.count("[BEGIN]") == 4 and text.count("[DONE]") == 3 and text.endswith("[BEGIN]\n")
     gsm = build_benchmark("g", {"kind": "gsm8k", "n": 1, "prompt": "fewshot", "shots": 2, "format": "bare",
                                 "system_prompt": False,
-                                "source": {"path": str(SHARED_DATA / "gsm8k" / "test.jsonl")},
-                                "exemplars": {"path": str(SHARED_DATA / "gsm8k" / "test.jsonl")}})
+                                "source": {"path": str(gsm8k_files.eval)}, "exemplars": {"path": str(gsm8k_files.pool)}})
     text = gsm.bare_text(gsm.items()[0])
     assert text.count("Question: ") == 3 and text.endswith("Answer:") and "####" in text
 

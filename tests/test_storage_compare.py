@@ -25,7 +25,8 @@ def record(pid: str, index: int, tokens: list[int], logits: list[list[float]], c
             "margin": list(top_logits[:, 0] - top_logits[:, 1]), "logsumexp": [0.0] * steps,
             "entropy": [0.0] * steps, "intervened": [False] * steps, "n_tokens": steps,
             "finish_reason": "length", "text": "t", "gold": "5", "extracted": extracted,
-            "correct": correct, "latency_s": 0.1}
+            "correct": correct, "answer_rule": "####" if extracted is not None else "none",
+            "verdict": "no_answer" if extracted is None else "correct" if correct else "wrong", "latency_s": 0.1}
 
 
 L = [4.0, 3.0, 2.0, 1.0]
@@ -259,7 +260,11 @@ def test_per_prompt_rows_by_hand(hand_rows):
 #   correct a / b     T/T   T/T   T/F   F/F   T/F   T/F
 #   n_tokens a / b    3/3   3/3   3/3   4/2   1/1   2/2
 def test_summary_has_exactly_the_figures_pinned_below(hand_summary):
-    assert len(hand_summary) == 28
+    assert len(hand_summary) == 30
+
+
+def test_summary_scored_prompts(hand_summary):
+    assert (hand_summary["n_scored"], hand_summary["n_unscored"]) == (6, 0)  # every prompt has a verdict
 
 
 def test_summary_n_prompts(hand_summary):

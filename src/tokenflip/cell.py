@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from . import provenance, runtime, storage
 from .benchmarks import Benchmark, Item, build_benchmark
-from .decode import BatchResult, decode, left_pad
+from .decode import BatchResult, decode, left_pad, stop_criterion
 from .interventions import apply_to_model, weights_precision
 from .jobs import CellJob
 from .models import load_prepared
@@ -26,6 +26,7 @@ def _records(job: CellJob, bench: Benchmark, batch: list[Item], batch_index: int
     rows = []
     for offset, (item, prompt, gen) in enumerate(zip(batch, prompts, result.generations)):
         text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        score = bench.score(item, text, finished=gen.finish_reason != "length")
         rows.append({
             "prompt_index": first_index + offset, "prompt_id": item.id, "batch_index": batch_index,
             "prompt_ids": prompt, "token_ids": gen.token_ids,
@@ -34,7 +35,8 @@ def _records(job: CellJob, bench: Benchmark, batch: list[Item], batch_index: int
             "margin": gen.margin, "logsumexp": gen.logsumexp, "entropy": gen.entropy,
             "intervened": gen.intervened, "n_tokens": len(gen.token_ids),
             "finish_reason": gen.finish_reason, "text": text, "gold": item.gold,
-            "extracted": bench.extract(text), "correct": bench.is_correct(item, text),
+            "extracted": score.extracted, "correct": score.correct, "answer_rule": score.rule,
+            "verdict": score.verdict,
             "latency_s": result.wall_seconds, "cpu_s": cpu_seconds,
         })
     return rows
@@ -45,6 +47,7 @@ def generate_records(job: CellJob, model, tokenizer, bench: Benchmark, progress:
     cell = job.cell
     items = bench.items()
     eos, pad = runtime.special_ids(model, tokenizer)
+    stop = stop_criterion(tokenizer, bench.stop)
     records: list[dict[str, Any]] = []
     batches = [items[i:i + cell.batch_size] for i in range(0, len(items), cell.batch_size)]
     for b, batch in enumerate(tqdm(batches, desc=cell.id, unit="batch", disable=not progress)):
@@ -53,7 +56,8 @@ def generate_records(job: CellJob, model, tokenizer, bench: Benchmark, progress:
         select = make_selector(job.decoding, [item.id for item in batch], job.run_seed, model.device)
         cpu_start = time.process_time()
         result = decode(model, ids, mask, max_new_tokens=job.max_new_tokens, use_cache=cell.cache == "on",
-                        eos_token_ids=eos, pad_token_id=pad, record_top_k=job.record_top_k, select=select)
+                        eos_token_ids=eos, pad_token_id=pad, record_top_k=job.record_top_k, select=select,
+                        stop=stop)
         cpu = time.process_time() - cpu_start
         records += _records(job, bench, batch, b, len(records), prompts, result, tokenizer, cpu)
     return records

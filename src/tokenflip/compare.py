@@ -90,7 +90,7 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
         "prompt_id", "identical", "first_div_step", "steps_compared", "steps_logit_diff", "n_tokens_a", "n_tokens_b",
         "logit_diff_before_div", "max_abs_dlogit_before_div", "dlogit_at_div", "margin_a_at_div",
         "margin_b_at_div", "rms_dlogit_before_div", "mean_margin_a", "mean_margin_b", "near_ties_a",
-        "correct_a", "correct_b", "extracted_a", "extracted_b", "same_answer")}
+        "correct_a", "correct_b", "verdict_a", "verdict_b", "extracted_a", "extracted_b", "same_answer")}
     ids_a_col, logit_a_col = a.column("top_ids"), a.column("top_logits")
     ids_b_col, logit_b_col = b.column("top_ids"), b.column("top_logits")
     for i, pid in enumerate(a.column("prompt_id").to_pylist()):
@@ -133,6 +133,8 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
         rows["near_ties_a"].append(int(np.sum(np.asarray(margin_a) < NEAR_TIE)))
         rows["correct_a"].append(a.column("correct")[i].as_py())
         rows["correct_b"].append(b.column("correct")[j].as_py())
+        rows["verdict_a"].append(a.column("verdict")[i].as_py())
+        rows["verdict_b"].append(b.column("verdict")[j].as_py())
         rows["extracted_a"].append(ex_a)
         rows["extracted_b"].append(ex_b)
         # Identical completions agree by definition; otherwise the extracted answers decide
@@ -149,8 +151,12 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
     diverged = int((~df["identical"]).sum())
     lo, hi = stats.wilson(diverged, n)
     first = df["first_div_step"].dropna()
-    acc_a = df["correct_a"].fillna(False).astype(bool)
-    acc_b = df["correct_b"].fillna(False).astype(bool)
+    # A prompt that either side could not score (a sandbox failure: `correct` is null) is
+    # counted apart, and left out of the accuracies and the paired test.
+    scored = df["correct_a"].notna() & df["correct_b"].notna()
+    acc_a = df.loc[scored, "correct_a"].astype(bool)
+    acc_b = df.loc[scored, "correct_b"].astype(bool)
+    n_scored = int(scored.sum())
     nonequiv = int(df["logit_diff_before_div"].sum())
     return {
         "n_prompts": n,
@@ -165,8 +171,10 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "max_abs_dlogit": float(df["max_abs_dlogit_before_div"].max()) if n else float("nan"),
         "mean_first_div_step": float(first.mean()) if len(first) else float("nan"),
         "median_first_div_step": float(first.median()) if len(first) else float("nan"),
-        "accuracy_a": float(acc_a.mean()) if n else float("nan"),
-        "accuracy_b": float(acc_b.mean()) if n else float("nan"),
+        "n_scored": n_scored,
+        "n_unscored": n - n_scored,
+        "accuracy_a": float(acc_a.mean()) if n_scored else float("nan"),
+        "accuracy_b": float(acc_b.mean()) if n_scored else float("nan"),
         "mcnemar_p": stats.mcnemar_exact(acc_a.to_numpy(), acc_b.to_numpy()),
         "semantic_agreement": float(df["same_answer"].mean()) if n else float("nan"),
         "exact_agreement": (n - diverged) / n if n else float("nan"),

@@ -149,12 +149,24 @@ def validate(config: dict[str, Any], source: str = "config", check_data: bool = 
         lines = [f"{source}: {_where(e)}: {_describe(e)}" for e in _leaf_errors(errors)]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
     apply_defaults(config, full_schema)
+    _apply_stop_defaults(config)
     problems = list(_semantic_problems(config))
     if check_data and not problems:
         problems = list(_benchmark_problems(config))
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(f"{source}: {p}" for p in problems))
     return config
+
+
+def _apply_stop_defaults(config: dict[str, Any]) -> None:
+    """Write each benchmark's default stop sequences (which depend on its kind and prompt
+    format) into its entry, so that every cell's settings name the stops it ran with and a
+    changed default reruns the cells it changes."""
+    from .benchmarks import BENCHMARKS
+
+    for spec in config["benchmarks"].values():
+        if isinstance(spec, dict) and "stop" not in spec and spec.get("kind") in BENCHMARKS:
+            spec["stop"] = list(BENCHMARKS[spec["kind"]].default_stop(spec.get("format", "chat")))
 
 
 def _benchmark_problems(config: dict[str, Any]):

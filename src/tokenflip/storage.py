@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from .runtime import exit_if_orphaned
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 META_KEY = b"tokenflip"
 
 
@@ -53,6 +53,8 @@ def cell_schema(k: int) -> pa.Schema:
         pa.field("gold", pa.string()),
         pa.field("extracted", pa.string()),
         pa.field("correct", pa.bool_()),
+        pa.field("answer_rule", pa.string(), nullable=False),
+        pa.field("verdict", pa.string(), nullable=False),
         pa.field("latency_s", pa.float64(), nullable=False),
     ])
 

@@ -95,11 +95,17 @@ def cell_row(cell: Cell, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any
     fired = pc.sum(pc.list_flatten(table.column("intervened")).cast(pa.int64())).as_py() or 0
     flat_margin = pc.list_flatten(table.column("margin"))
     mean_margin, std_margin = pc.mean(flat_margin).as_py(), pc.stddev(flat_margin).as_py()
-    acc = pd.Series(table.column("correct").to_pylist(), dtype="boolean").fillna(False)
+    # A sandbox failure leaves `correct` null: counted apart, never as the model's failure.
+    acc = pd.Series(table.column("correct").to_pylist(), dtype="boolean").dropna()
+    verdicts = pd.Series(table.column("verdict").to_pylist(), dtype="string")
     env = meta["environment"]
     seconds = _seconds(meta)
     return dict(
-        status="done", n_prompts=table.num_rows, accuracy=float(acc.mean()), generated_tokens=int(steps),
+        status="done", n_prompts=table.num_rows, accuracy=float(acc.mean()) if len(acc) else float("nan"),
+        n_scored=int(len(acc)), n_sandbox_errors=int((verdicts == "sandbox_error").sum()),
+        n_no_answer=int(verdicts.isin(["no_answer", "no_code"]).sum()),
+        n_stopped=int(pc.sum(pc.equal(table.column("finish_reason"), "stop")).as_py() or 0),
+        generated_tokens=int(steps),
         wall_seconds=float(meta["wall_seconds"]), compute_seconds=seconds,
         seconds_per_token=seconds / steps if steps else float("nan"),
         token_stream_sha256=meta["token_stream_sha256"], logits_sha256=meta["logits_sha256"],

@@ -7,13 +7,14 @@ from typing import Any
 from .answers import answers_match, extract_answer, normalize_answer
 from .arithmetic import ArithmeticBenchmark
 from ..registry import Registry
-from .base import COMMON_SPEC_SCHEMA, MATH_SYSTEM_PROMPT, SOURCE_SCHEMA, Benchmark, BenchmarkError, Item, MathBenchmark
+from .base import (COMMON_SPEC_SCHEMA, MATH_SYSTEM_PROMPT, SOURCE_SCHEMA, VERDICTS, Benchmark, BenchmarkError, Item,
+                   MathBenchmark, Score)
 from .coding import CodeBenchmark, extract_code
 from .execution import ExecutionResult, Layers, Limits, available_layers, run_program
 from .gsm8k import DEFAULT_CONFIG, DEFAULT_EXEMPLAR_SPLIT, DEFAULT_HUB_ID, DEFAULT_SPLIT, GSM8KBenchmark
 from .humaneval import HumanEvalBenchmark
 from .math500 import Math500Benchmark
-from .math_equiv import Verdict, last_boxed, math_equal, normalize_math
+from .math_equiv import MathAnswer, find_math_answer, last_boxed, math_equal
 from .mbpp import MBPPBenchmark
 from .onestep import OneStepBenchmark
 from .sources import Source, parse_source
@@ -21,6 +22,8 @@ from .sources import Source, parse_source
 __all__ = [
     "BenchmarkError",
     "Item",
+    "Score",
+    "VERDICTS",
     "Benchmark",
     "MathBenchmark",
     "CodeBenchmark",
@@ -41,9 +44,9 @@ __all__ = [
     "answers_match",
     "extract_code",
     "last_boxed",
-    "normalize_math",
+    "find_math_answer",
     "math_equal",
-    "Verdict",
+    "MathAnswer",
     "ExecutionResult",
     "Layers",
     "Limits",
@@ -77,6 +80,6 @@ def build_benchmark(name: str, spec: dict) -> Benchmark:
     if unknown:
         raise BenchmarkError(f"benchmark {name!r}: unknown spec key(s) {unknown}; allowed: {sorted(allowed)}")
     try:
-        return cls.from_spec(name, spec)
+        return cls.from_spec(name, spec).configure(spec)
     except TypeError as exc:  # a value of the wrong shape reached the constructor
         raise BenchmarkError(f"benchmark {name!r} ({kind}): {exc}") from None

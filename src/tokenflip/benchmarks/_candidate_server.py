@@ -36,13 +36,21 @@ def limit(limits):
         resource.setrlimit(which, (soft, hard))
 
 
+# An error's message crosses for diagnosis only: a 20 MB one must not turn the sample into a
+# failure of the scorer (the test process prints it).
+MAX_MESSAGE_CHARS = 2000
+
+
 def _describe(error):
     try:
         message = str(error)
     except BaseException:  # noqa: BLE001 - the candidate's __str__ may do anything
         message = "<unprintable>"
     name = type(error).__name__
-    return [name if type(name) is str else "Exception", message if type(message) is str else "<unprintable>"]
+    message = message if type(message) is str else "<unprintable>"
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} characters)"
+    return [name if type(name) is str else "Exception", message]
 
 
 class Server:

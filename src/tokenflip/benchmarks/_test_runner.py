@@ -58,6 +58,7 @@ class Channel:
             raise StopIteration
         if "raise" in reply:
             name, text = reply["raise"] if _is_pair(reply["raise"]) else ("Exception", "malformed error")
+            text = text[:_candidate_server.MAX_MESSAGE_CHARS]
             error = getattr(builtins, name, None)
             if not (isinstance(error, type) and issubclass(error, Exception)) or name in _NOT_RAISED:
                 raise SolutionError(f"{name}: {text}")

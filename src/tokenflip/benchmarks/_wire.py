@@ -5,11 +5,20 @@ test's comparison. Standard library only: both sandboxed processes import it.
 
 Values: None, bool, str and finite or non-finite floats are JSON natives; everything else is a
 one-key object: {"i": int}, {"f": float}, {"c": [re, im]}, {"b": hex}, {"l": [...]},
-{"t": [...]}, {"s": [...]}, {"z": [...]} (frozenset), {"d": [[k, v], ...]}, {"h": handle}."""
+{"t": [...]}, {"s": [...]}, {"z": [...]} (frozenset), {"d": [[k, v], ...]}, {"q": [n, d]}
+(fractions.Fraction), {"e": str} (decimal.Decimal), {"h": handle}.
 
+Numbers of other types (any `numbers.Number`) cross as the number they are, not as a handle:
+a Fraction or Decimal result that equals the expected value passes, as in the official
+HumanEval harness, where the test compares the solution's own object."""
+
+import decimal
+import fractions
 import json
 import math
+import numbers
 import os
+import re
 import struct
 
 MAX_MESSAGE_BYTES = 64 * 1024**2
@@ -102,9 +111,26 @@ def encode(value, handle_of, depth: int = 0):
         return {tag: [encode(v, handle_of, depth + 1) for v in value]}
     if kind is dict:
         return {"d": [[encode(k, handle_of, depth + 1), encode(v, handle_of, depth + 1)] for k, v in value.items()]}
+    if isinstance(value, numbers.Number):
+        return _number(value)
     if handle_of is None:
         raise TypeError(f"a {kind.__name__} cannot be sent; only plain data can")
     return {"h": handle_of(value)}
+
+
+def _number(value):
+    """A number of a type without its own tag, as exact data of the nearest one: a Decimal by
+    its digits, a rational as numerator and denominator, a real as a float, else a complex."""
+    if isinstance(value, decimal.Decimal):
+        return {"e": decimal.Decimal.__str__(value)}
+    if isinstance(value, numbers.Rational):
+        return {"q": [encode(int(value.numerator), None), encode(int(value.denominator), None)]}
+    if isinstance(value, numbers.Real):
+        return encode(float(value), None)
+    return encode(complex(value), None)
+
+
+_DECIMAL = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:Infinity|Inf|s?NaN\d*)")
 
 
 def _float(value):
@@ -157,6 +183,13 @@ def decode(value, handle, depth: int = 0):
             except TypeError:
                 raise WireError("unhashable dict key") from None
         return result
+    if tag == "q" and type(body) is list and len(body) == 2:
+        numerator, denominator = (decode(v, handle, depth + 1) for v in body)
+        if type(numerator) is not int or type(denominator) is not int or denominator == 0:
+            raise WireError("malformed fraction")
+        return fractions.Fraction(numerator, denominator)
+    if tag == "e" and type(body) is str and _DECIMAL.fullmatch(body):
+        return decimal.Decimal(body)
     if tag == "h" and type(body) is int:
         return handle(body)
     raise WireError(f"unknown or malformed tag {tag!r}")

@@ -6,11 +6,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .answers import answers_match, extract_answer
+from .answers import NUMERIC_RULES, answers_match, find_answer
 
 __all__ = [
     "BenchmarkError",
     "Item",
+    "Score",
     "Benchmark",
     "MathBenchmark",
     "MATH_SYSTEM_PROMPT",
@@ -33,6 +34,22 @@ class Item:
     solution: str | None = None
 
 
+@dataclass(frozen=True)
+class Score:
+    """How one completion scored: the answer found (normalised; for code, the code run), the
+    rule that found it (one of the kind's `answer_rules`), whether it is correct (None when
+    it could not be decided: a sandbox failure is not the model's failure) and the verdict:
+    correct | wrong | no_answer, or for code passed | failed | timeout | no_code | sandbox_error."""
+
+    extracted: str | None
+    correct: bool | None
+    rule: str
+    verdict: str
+
+
+VERDICTS = ("correct", "wrong", "no_answer", "passed", "failed", "timeout", "no_code", "sandbox_error")
+
+
 # Keys every benchmark entry of a config takes, whatever its kind.
 COMMON_SPEC_SCHEMA: dict[str, Any] = {
     "kind": {"type": "string"},
@@ -44,6 +61,12 @@ COMMON_SPEC_SCHEMA: dict[str, Any] = {
                "description": "chat: the tokenizer's chat template; bare: plain text, no template"},
     "system_prompt": {"type": "boolean", "default": True,
                       "description": "keep the benchmark's system instruction (as a system turn, or as text)"},
+    # No schema default: the default depends on the kind and the format (`default_stop`), and
+    # `config.validate` writes it into the entry, so that every cell records the stops it used.
+    "stop": {"type": "array", "maxItems": 16, "uniqueItems": True,
+             "items": {"type": "string", "minLength": 1, "maxLength": 64},
+             "description": "stop sequences: a completion ends at the first one, and only the text before "
+                            "it is scored (default: the kind's, from the harness its benchmark comes from)"},
 }
 PROMPT_KEYS = ("format", "system_prompt")
 # A `source:` mapping: exactly one of a path, hub coordinates or a package file (checked by
@@ -66,8 +89,19 @@ class Benchmark(ABC):
     prompt_format: str = ""
     scorer: str = ""
     spec_schema: ClassVar[dict[str, Any]] = {}
+    # Which rule may find an answer, in the order they are tried (the `answer_rule` column).
+    answer_rules: ClassVar[tuple[str, ...]] = NUMERIC_RULES
+    # Default stop sequences per prompt format, with the harness they come from.
+    stops: ClassVar[dict[str, tuple[str, ...]]] = {"chat": (), "bare": ("Question:",)}
+    stop_source: ClassVar[str] = "the bare format's own \"Question:\" turns"
     # format (chat | bare) and system_prompt, from the config entry (see COMMON_SPEC_SCHEMA)
     prompt_style: dict[str, Any] = {"format": "chat", "system_prompt": True}
+    stop: tuple[str, ...] = ()
+
+    @classmethod
+    def default_stop(cls, prompt_format: str) -> tuple[str, ...]:
+        """The stop sequences of this kind in this prompt format when the config names none."""
+        return cls.stops.get(prompt_format, ())
 
     @classmethod
     def from_spec(cls, name: str, spec: dict[str, Any]) -> "Benchmark":
@@ -76,13 +110,23 @@ class Benchmark(ABC):
         default source."""
         from .sources import parse_source
 
-        options = {k: v for k, v in spec.items() if k not in ("kind", "max_new_tokens", *PROMPT_KEYS)}
+        options = {k: v for k, v in spec.items() if k not in ("kind", "max_new_tokens", "stop", *PROMPT_KEYS)}
         if "source" in cls.spec_schema:
             options["source"] = parse_source(f"benchmark {name!r} ({cls.kind})", options.get("source"),
                                              cls.default_source(options))
-        bench = cls(name, **options)
-        bench.prompt_style = {key: spec.get(key, COMMON_SPEC_SCHEMA[key]["default"]) for key in PROMPT_KEYS}
-        return bench
+        return cls(name, **options)
+
+    def configure(self, spec: dict[str, Any]) -> "Benchmark":
+        """Take the keys every kind shares from a config entry: prompt style and stops
+        (`build_benchmark` calls it after the kind's own `from_spec`, so no kind can miss it)."""
+        self.prompt_style = {key: spec.get(key, COMMON_SPEC_SCHEMA[key]["default"]) for key in PROMPT_KEYS}
+        stop = spec.get("stop")
+        if stop is None:
+            stop = self.default_stop(self.prompt_style["format"])
+        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+            raise BenchmarkError(f"benchmark {self.name!r}: stop must be a list of non-empty strings, got {stop!r}")
+        self.stop = tuple(stop)
+        return self
 
     @classmethod
     def default_source(cls, options: dict[str, Any]):
@@ -136,13 +180,37 @@ class Benchmark(ABC):
                 parts.append(f" {message['content'].strip()}\n\n")
         return "".join(parts)
 
+    def scored_text(self, completion: str) -> str:
+        """What of a completion is scored: the text before its first stop sequence (a base
+        model writes its own next question after its answer; lm-eval cuts there too)."""
+        cut = min((i for i in (completion.find(s) for s in self.stop) if i >= 0), default=len(completion))
+        return completion[:cut]
+
     @abstractmethod
-    def extract(self, completion: str) -> str | None:
-        """The final answer in a completion, normalised like `Item.gold`, or None."""
+    def find_answer(self, text: str, finished: bool = True) -> tuple[str | None, str]:
+        """The final answer in scored text, normalised like `Item.gold` (or None), and the
+        rule of `answer_rules` that found it. `finished`: the completion ended by itself (EOS
+        or a stop), not at the token limit, where it may not have given its answer yet."""
+
+    def extract(self, completion: str, finished: bool = True) -> str | None:
+        """The final answer of a completion (cut at its stop), or None."""
+        return self.find_answer(self.scored_text(completion), finished)[0]
+
+    def score(self, item: Item, completion: str, finished: bool = True) -> Score:
+        """Whether the completion's answer, read from the text before its stop, equals the gold."""
+        answer, rule = self.find_answer(self.scored_text(completion), finished)
+        if answer is None:
+            return Score(None, False, rule, "no_answer")
+        correct = self.matches(answer, item)
+        return Score(answer, correct, rule, "correct" if correct else "wrong")
+
+    def matches(self, answer: str, item: Item) -> bool:
+        """Whether a found answer equals the item's gold answer (numerically by default)."""
+        return answers_match(answer, item.gold)
 
     def is_correct(self, item: Item, completion: str) -> bool:
-        """Whether the completion's extracted answer equals the item's gold answer."""
-        return answers_match(self.extract(completion), item.gold)
+        """Whether the completion scores as correct (see `score`)."""
+        return self.score(item, completion).correct is True
 
     @abstractmethod
     def describe(self) -> dict:
@@ -152,14 +220,15 @@ class Benchmark(ABC):
         """The fields every benchmark's `describe()` shares, followed by its own."""
         return {"name": self.name, "kind": self.kind, "n": len(self.items()), "n_requested": self.n,
                 "prompt_format": self.prompt_format, "prompt_style": dict(self.prompt_style),
-                "scorer": self.scorer, **extra}
+                "stop": list(self.stop), "scorer": self.scorer, "answer_rules": list(self.answer_rules), **extra}
 
 
 class MathBenchmark(Benchmark):
     """A benchmark of word problems with one numeric final answer, prompted 0-shot in chat."""
 
     prompt_format = "chat, 0-shot"
-    scorer = "numeric final answer (#### / 'The answer is' / last number), tolerance 1e-6"
+    scorer = ("numeric final answer of the text before the stop: the first '#### N' (after '=' on its line), "
+              "else 'the answer is N', else the last number; equal within 1e-6")
 
     def messages(self, item: Item) -> list[dict]:
         """System instruction, then the question as the user turn."""
@@ -168,9 +237,9 @@ class MathBenchmark(Benchmark):
             {"role": "user", "content": item.question},
         ]
 
-    def extract(self, completion: str) -> str | None:
-        """The final numeric answer, see `answers.extract_answer`."""
-        return extract_answer(completion)
+    def find_answer(self, text: str, finished: bool = True) -> tuple[str | None, str]:
+        """The final numeric answer, see `answers.find_answer`."""
+        return find_answer(text, finished)
 
     def _describe(self, source: dict) -> dict:
         return self._description(system_prompt=MATH_SYSTEM_PROMPT, source=source)

@@ -12,30 +12,41 @@ import threading
 import warnings
 from abc import abstractmethod
 
-from .base import Benchmark, BenchmarkError, Item
+from .base import Benchmark, BenchmarkError, Item, Score
 from .execution import ExecutionResult, Limits, TestProgram, available_layers, run_sample, sandbox_description
 
-__all__ = ["CodeBenchmark", "extract_code", "parses", "names_from_solution"]
+__all__ = ["CodeBenchmark", "extract_code", "find_code", "parses", "names_from_solution", "VERDICT_OF_STATUS"]
+
+# A sample's verdict from the sandbox's status: a syntax error is the model's failure; a
+# sandbox error is nobody's verdict on the model, and is counted apart.
+VERDICT_OF_STATUS = {"passed": "passed", "failed": "failed", "syntax error": "failed", "timeout": "timeout",
+                     "no code": "no_code", "sandbox error": "sandbox_error"}
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON_TAGS = ("python", "python3", "py", "")
 _WARNINGS_LOCK = threading.Lock()
 
 
-def extract_code(text: str | None) -> str | None:
-    """The code of a completion: the first fenced block (preferring Python blocks and, among
-    them, one that defines a function), or the whole text if it has no fence."""
+def find_code(text: str | None) -> tuple[str | None, str]:
+    """The code of a completion and where it was found: the first fenced block (preferring
+    Python blocks and, among them, one that defines a function), or the whole text if it has
+    no fence; (None, "none") if there is no code."""
     if text is None:
-        return None
+        return None, "none"
     blocks = _FENCE.findall(text)
     if blocks:
         python = [body for tag, body in blocks if tag.lower() in _PYTHON_TAGS] or [body for _, body in blocks]
         defining = [body for body in python if re.search(r"^\s*(?:async\s+)?def\s", body, re.M)]
-        code = (defining or python)[0]
+        code, rule = (defining or python)[0], "code block"
     else:
-        code = text
+        code, rule = text, "whole text"
     code = re.sub(r"\A(?:[ \t]*\n)+", "", code.rstrip())
-    return code if code.strip() else None
+    return (code, rule) if code.strip() else (None, "none")
+
+
+def extract_code(text: str | None) -> str | None:
+    """The code of a completion, see `find_code`."""
+    return find_code(text)[0]
 
 
 def parses(source: str) -> bool:
@@ -111,14 +122,16 @@ class CodeBenchmark(Benchmark):
         # loop is reported as a timeout, not as a process killed by SIGXCPU.
         self.limits = Limits(timeout_s=float(timeout_s), cpu_s=math.ceil(timeout_s) + 1)
 
-    def extract(self, completion: str) -> str | None:
-        """The code in the completion, see `extract_code`."""
-        return extract_code(completion)
+    answer_rules = ("code block", "whole text", "none")
+
+    def find_answer(self, text: str, finished: bool = True) -> tuple[str | None, str]:
+        """The code in scored text, see `find_code`."""
+        return find_code(text)
 
     @abstractmethod
-    def sample(self, item: Item, completion: str) -> tuple[str, TestProgram] | None:
-        """The solution source for a completion and the item's tests to run against it (in a
-        separate, trusted process), or None if the completion has no code."""
+    def sample(self, item: Item, text: str) -> tuple[str, TestProgram] | None:
+        """The solution source for scored text (a completion cut at its stop) and the item's
+        tests to run against it (in a separate, trusted process), or None if it has no code."""
 
     def check_isolation(self) -> None:
         """Refuse to execute model-written code where the sandbox is incomplete, unless the
@@ -131,9 +144,9 @@ class CodeBenchmark(Benchmark):
                 "set unsafe_execution: true in the benchmark spec to score without these guarantees")
 
     def run(self, item: Item, completion: str) -> ExecutionResult:
-        """Run the item's tests against the completion's code in the sandbox."""
+        """Run the item's tests against the code of the completion (cut at its stop) in the sandbox."""
         self.check_isolation()
-        sample = self.sample(item, completion)
+        sample = self.sample(item, self.scored_text(completion))
         if sample is None:
             return ExecutionResult(False, "no code", None, 0.0, "", "")
         solution, tests = sample
@@ -141,9 +154,13 @@ class CodeBenchmark(Benchmark):
             return ExecutionResult(False, "syntax error", None, 0.0, "", "")
         return run_sample(solution, tests, self.limits)
 
-    def is_correct(self, item: Item, completion: str) -> bool:
-        """Whether the program ran all of the item's tests without an error."""
-        return self.run(item, completion).passed
+    def score(self, item: Item, completion: str, finished: bool = True) -> Score:
+        """The verdict of running the item's tests against the completion's code: passed,
+        failed (a syntax error included), timeout, no_code, or sandbox_error, whose sample
+        is left unscored (`correct` None) instead of counting as the model's failure."""
+        code, rule = self.find_answer(self.scored_text(completion))
+        verdict = VERDICT_OF_STATUS[self.run(item, completion).status]
+        return Score(code, None if verdict == "sandbox_error" else verdict == "passed", rule, verdict)
 
     def _describe(self, extra: dict) -> dict:
         return self._description(**extra, unsafe_execution=self.unsafe_execution,

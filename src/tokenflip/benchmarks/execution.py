@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -300,11 +301,40 @@ def tagged_processes(tag: str | None = None) -> list[int]:
     return pids
 
 
-def _tail(f) -> str:
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    f.seek(max(0, size - _TAIL_BYTES))
-    return f.read().decode("utf-8", "replace")
+class _Tail:
+    """A pipe for one sandboxed process's output, drained by a thread that keeps only its
+    last bytes: a sample may print any amount (a pipe has no file-size limit, and a full one
+    never blocks it), and what is kept serves diagnosis only."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self.kept = bytearray()
+        self.thread = threading.Thread(target=self._drain, name="tokenflip-sample-output", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while chunk := os.read(self.read_fd, 1 << 16):
+            self.kept += chunk
+            if len(self.kept) > 2 * _TAIL_BYTES:
+                del self.kept[:-_TAIL_BYTES]
+
+    def started(self) -> None:
+        """The process holds its own copy of the write end now: close ours, so that the pipe
+        ends when the process (and everything in its sandbox) has."""
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+
+    def text(self) -> str:
+        """The last bytes written, once the writer is gone."""
+        self.started()
+        self.thread.join(timeout=5)
+        return bytes(self.kept[-_TAIL_BYTES:]).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        self.started()
+        self.thread.join(timeout=5)
+        os.close(self.read_fd)
 
 
 def _limits_config(limits: Limits, layers: Layers) -> dict:
@@ -325,19 +355,22 @@ def run_sample(candidate: str, tests: TestProgram, limits: Limits = Limits(), *,
     to_candidate, from_tester = os.pipe()
     to_tester, from_candidate = os.pipe()
     start = time.monotonic()
-    with tempfile.TemporaryFile() as cand_out, tempfile.TemporaryFile() as cand_err, \
-            tempfile.TemporaryFile() as test_err:
+    cand_out, cand_err, test_err = _Tail(), _Tail(), _Tail()
+    try:
         try:
             candidate_args = [f"{helpers}/_candidate_server.py", str(to_candidate), str(from_candidate),
                               json.dumps({**config, "guard": not layers.sandboxed and layers.guard})]
             with _Process(layers, python, candidate_args, limits, env, pass_fds=(to_candidate, from_candidate),
-                          stdin=subprocess.DEVNULL, stdout=cand_out, stderr=cand_err) as cand:
+                          stdin=subprocess.DEVNULL, stdout=cand_out.write_fd, stderr=cand_err.write_fd) as cand:
+                cand_out.started()
+                cand_err.started()
                 os.close(to_candidate)
                 os.close(from_candidate)
                 to_candidate = from_candidate = None
                 test_args = [f"{helpers}/_test_runner.py", str(to_tester), str(from_tester)]
                 with _Process(layers, python, test_args, limits, env, pass_fds=(to_tester, from_tester),
-                              stderr=test_err) as tester:
+                              stderr=test_err.write_fd) as tester:
+                    test_err.started()
                     os.close(to_tester)
                     os.close(from_tester)
                     to_tester = from_tester = None
@@ -356,8 +389,11 @@ def run_sample(candidate: str, tests: TestProgram, limits: Limits = Limits(), *,
                 if fd is not None:
                     os.close(fd)
         wall = time.monotonic() - start
-        stdout = _tail(cand_out)
-        stderr = _tail(test_err) + "\n--- solution's stderr ---\n" + _tail(cand_err)
+        stdout = cand_out.text()
+        stderr = test_err.text() + "\n--- solution's stderr ---\n" + cand_err.text()
+    finally:
+        for tail in (cand_out, cand_err, test_err):
+            tail.close()
     verdict = _verdict(verdict_text)
     if timed_out:
         status = "timeout"

@@ -38,6 +38,13 @@ def gold_from_answer(answer: str) -> str | None:
     return normalize_answer(answer.rsplit("####", 1)[1].strip())
 
 
+def _same_data(a: Source, b: Source) -> bool:
+    """Whether two sources name the same records: one local file, or one hub split."""
+    if a.path is not None or b.path is not None:
+        return a.path is not None and b.path is not None and Path(a.path).resolve() == Path(b.path).resolve()
+    return (a.hub, a.config, a.split) == (b.hub, b.config, b.split)
+
+
 def exemplar_answer(answer: str) -> str:
     """A GSM8K answer as a worked exemplar: calculator annotations `<<...>>` removed."""
     return _CALCULATOR.sub("", answer).strip()
@@ -47,6 +54,10 @@ class GSM8KBenchmark(MathBenchmark):
     """GSM8K problems in dataset order, prompted 0-shot in chat (default) or `shots`-shot."""
 
     kind = "gsm8k"
+    # lm-evaluation-harness's gsm8k task (until: "Question:", "</s>", "<|im_end|>"): a base
+    # model writes its own next "Question: ..." after its answer.
+    stops = {"chat": ("Question:", "</s>", "<|im_end|>"), "bare": ("Question:", "</s>", "<|im_end|>")}
+    stop_source = "lm-evaluation-harness gsm8k (until: Question:, </s>, <|im_end|>)"
     spec_schema = {"source": SOURCE_SCHEMA, "prompt": {"enum": list(PROMPTS), "default": "chat"},
                    "shots": {"type": "integer", "minimum": 1}, "seed": {"type": "integer", "minimum": 0},
                    "exemplars": SOURCE_SCHEMA}
@@ -111,9 +122,15 @@ class GSM8KBenchmark(MathBenchmark):
         self.exemplar_source = exemplars if prompt == "fewshot" else None
         if self.exemplar_source is not None:
             check_local(self._label() + " exemplars", self.exemplar_source)
+            if _same_data(self.exemplar_source, self.source):
+                raise BenchmarkError(f"{self._label()}: the few-shot exemplars come from the data being evaluated "
+                                     f"({self.source.label()}), so prompts would show other items' answers; "
+                                     "draw them from another split (the default is the train split)")
         self._items: list[Item] | None = None
         self._pool: list[tuple[str, str]] | None = None
         self._order: list[int] | None = None
+        self._chosen: list[int] | None = None
+        self._excluded = 0
 
     @property
     def prompt_format(self) -> str:
@@ -168,18 +185,20 @@ class GSM8KBenchmark(MathBenchmark):
             self._pool, self._order = pool, order
         return self._pool, self._order
 
-    def exemplar_indices(self, item: Item) -> list[int]:
-        """Pool indices of the item's exemplars: the first `shots` of the seeded order whose
-        question is not the item's own."""
-        pool, order = self._exemplar_pool()
-        own = item.question.strip()
-        chosen = []
-        for index in order:
-            if pool[index][0].strip() != own:
-                chosen.append(index)
-                if len(chosen) == self.shots:
-                    break
-        return chosen
+    def exemplar_indices(self, item: Item | None = None) -> list[int]:
+        """Pool indices of the exemplars (the same for every item): the first `shots` of the
+        seeded order whose question is none of the evaluated items' (two files can share
+        records), so that no prompt shows an evaluated item's answer."""
+        if self._chosen is None:
+            pool, order = self._exemplar_pool()
+            evaluated = {other.question.strip() for other in self.items()}
+            allowed = [index for index in order if pool[index][0].strip() not in evaluated]
+            if len(allowed) < self.shots:
+                raise BenchmarkError(f"{self._label()} exemplars: {len(allowed)} records that are not evaluated "
+                                     f"items, need shots={self.shots}")
+            self._chosen = allowed[: self.shots]
+            self._excluded = len(order) - len(allowed)
+        return list(self._chosen)
 
     def messages(self, item: Item) -> list[dict]:
         """System instruction, then (fewshot) one user/assistant turn per exemplar, then the question."""
@@ -194,26 +213,21 @@ class GSM8KBenchmark(MathBenchmark):
 
     def describe(self) -> dict:
         """Provenance: the source (local path and sha256, or hub coordinates), the number of items
-        and, for few-shot, the exemplar source, seed, indices and per-item substitutions."""
+        and, for few-shot, the exemplar source, seed, indices and how many pool records were
+        left out because they are evaluated items."""
         info = self._describe(self.source.describe())
         info["n_requested"] = self.n
         info["n"] = len(self.items())
         info["prompt"] = self.prompt
         if self.prompt == "fewshot":
-            _, order = self._exemplar_pool()
-            default = order[: self.shots]
-            substitutions = {}
-            for item in self.items():
-                chosen = self.exemplar_indices(item)
-                if chosen != default:
-                    substitutions[item.id] = chosen
             info["fewshot"] = {
                 "shots": self.shots,
                 "seed": self.seed,
-                "selection": "first `shots` of random.Random(seed).shuffle(pool indices), skipping the item itself",
+                "selection": "first `shots` of random.Random(seed).shuffle(pool indices) whose question is not "
+                             "an evaluated item's",
                 "exemplar_format": "question as user turn; answer without <<calculator>> annotations, ending '#### N'",
                 "source": self.exemplar_source.describe(),
-                "exemplar_indices": default,
-                "substitutions": substitutions,
+                "exemplar_indices": self.exemplar_indices(),
+                "excluded_evaluated": self._excluded,
             }
         return info

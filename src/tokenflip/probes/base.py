@@ -61,8 +61,10 @@ def run_over_prompts(job: ProbeJob, model_dir: str | Path, out_dir: str | Path, 
                      probe_one: Callable[..., dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """The loop every replay probe runs: for each variant (the columns it adds to every row,
     and the precisions to load the model in), load those models, then for each prompt of
-    the subset call `probe_one(models, prompt, eos, pad)` and collect its tables; write
-    them with one provenance and return it."""
+    the subset call `probe_one(models, prompt, eos, pad, stop)` (`stop`: the benchmark's stop
+    sequences, so that a free replay ends where the cell ended) and collect its tables;
+    write them with one provenance and return it."""
+    from ..decode import stop_criterion
     from ..models import load_prepared
 
     bench, items = setup(job)
@@ -74,8 +76,9 @@ def run_over_prompts(job: ProbeJob, model_dir: str | Path, out_dir: str | Path, 
         _, tokenizer, manifest = loaded[0]
         meta = meta or probe_metadata(job, manifest, bench, models[0].device)
         eos, pad = runtime.special_ids(models[0], tokenizer)
+        stop = stop_criterion(tokenizer, bench.stop)
         for item in items:
-            result = probe_one(models, runtime.encode_prompt(tokenizer, bench, item), eos, pad)
+            result = probe_one(models, runtime.encode_prompt(tokenizer, bench, item), eos, pad, stop)
             for name in tables:
                 rows[name].extend({**columns, "prompt_id": item.id, **r} for r in result[name])
         del loaded, models

@@ -77,11 +77,11 @@ def patches_at(model, prompt: list[int], on, off, t: int) -> list[tuple[str, str
 
 
 def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
-                 n_patch: int) -> dict[str, list[dict[str, Any]]]:
+                 n_patch: int, stop=None) -> dict[str, list[dict[str, Any]]]:
     from .replay import kl_divergence, replay, step_differences
 
     kwargs = dict(eos_token_ids=eos, pad_token_id=pad)
-    on = replay(model, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kwargs)
+    on = replay(model, prompt, use_cache=True, max_new_tokens=max_new_tokens, stop=stop, **kwargs)
     off = replay(model, prompt, use_cache=False, max_new_tokens=max_new_tokens, tokens=on.tokens, **kwargs)
     d = step_differences(on, off)
     kl, flips, top_off = d["kl"], d["flip"], d["top_b"]
@@ -110,8 +110,8 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
 
 def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Run the KV-cache probe for one model × benchmark over the configured precisions."""
-    def one(models, prompt, eos, pad):
-        return probe_prompt(models[0], prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]))
+    def one(models, prompt, eos, pad, stop):
+        return probe_prompt(models[0], prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]), stop)
 
     variants = [({"precision": p}, (p,)) for p in job.options["precisions"]]
     return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one)

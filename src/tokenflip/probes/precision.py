@@ -107,11 +107,11 @@ def lens_rows(model_a, model_b, a, b, t: int, group: str, layer_l2: np.ndarray) 
 
 
 def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
-                 n_flips: int) -> dict[str, list[dict[str, Any]]]:
+                 n_flips: int, stop=None) -> dict[str, list[dict[str, Any]]]:
     from .replay import replay, step_differences
 
     kw = dict(eos_token_ids=eos, pad_token_id=pad)
-    a = replay(model_a, prompt, use_cache=True, max_new_tokens=max_new_tokens, **kw)
+    a = replay(model_a, prompt, use_cache=True, max_new_tokens=max_new_tokens, stop=stop, **kw)
     b = replay(model_b, prompt, use_cache=True, max_new_tokens=max_new_tokens, tokens=a.tokens, **kw)
     d = {**step_differences(a, b), **head_and_body(model_a, model_b, a, b)}
     flips = [int(t) for t in np.nonzero(d["flip"])[0]]
@@ -137,8 +137,8 @@ def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: 
 
 def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Run the precision probe for one model × benchmark and each configured precision pair."""
-    def one(models, prompt, eos, pad):
-        return probe_prompt(*models, prompt, job.max_new_tokens, eos, pad, int(job.options["flips"]))
+    def one(models, prompt, eos, pad, stop):
+        return probe_prompt(*models, prompt, job.max_new_tokens, eos, pad, int(job.options["flips"]), stop)
 
     variants = [({"a": a, "b": b}, (a, b)) for a, b in job.options["pairs"]]
     return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one)
