@@ -94,7 +94,8 @@ def synthetic_frames(models: int = 10, missing_cells: int = 3, seed: int = 0) ->
         if cell.id not in gone:
             tokens = PROMPTS * int(rng.integers(STEPS // 2, STEPS))
             wall = float(rng.uniform(60, 600))
-            row.update(status="done", n_prompts=PROMPTS, accuracy=float(rng.uniform(0.3, 0.8)),
+            row.update(status="done", n_prompts=PROMPTS, accuracy=float(rng.uniform(0.3, 0.8)), n_scored=PROMPTS,
+                       n_sandbox_errors=0, n_no_answer=int(rng.integers(0, 3)), n_stopped=PROMPTS // 2,
                        generated_tokens=tokens, wall_seconds=wall, compute_seconds=wall,
                        seconds_per_token=wall / tokens, token_stream_sha256=_digest("t", cell.id),
                        logits_sha256=_digest("l", cell.id), device_name="synthetic", device_type="cpu",

@@ -535,6 +535,65 @@ def test_big_file_fast_is_stopped_and_leaves_nothing():
 
 
 @needs_sandbox
+def test_a_correct_solution_that_floods_its_output_still_passes():
+    """Output cannot fail a sample: 64 MiB written to stdout and to stderr (past the 16 MiB
+    file-size limit, which a file would hit) at load and in the call; 8 KiB of it is kept."""
+    code = """
+        import os, sys
+        chunk = b'x' * (1 << 20)
+        for _ in range(32):
+            os.write(1, chunk)
+            os.write(2, chunk)
+        def probe():
+            for _ in range(32):
+                sys.stdout.write('y' * (1 << 20))
+                os.write(2, chunk)
+            return 1
+    """
+    result = probe(code, "assert seen == 1", Limits(timeout_s=60, file_size_bytes=16 * 1024**2))
+    assert result.passed, result.stderr[-2000:]
+    assert len(result.stdout) <= 8192 and result.stdout.endswith("y")
+
+
+@needs_sandbox
+def test_a_huge_error_message_is_the_models_failure_not_a_sandbox_error():
+    code = """
+        def probe():
+            raise ValueError('z' * (20 * 1024 ** 2))
+    """
+    result = probe(code, "pass")
+    assert result.status == "failed", result.stderr[-500:]
+    assert "z" * 2000 in result.stderr and "z" * 2001 not in result.stderr  # the message, cut
+
+
+@needs_sandbox
+@pytest.mark.parametrize("attack", ["garbage", "prewritten"])
+def test_replies_answer_the_request_they_claim_to(attack):
+    """The candidate holds its reply pipe: bytes written there at load (garbage, or replies
+    written before any request, which would answer the tests' calls with the value they
+    expect) never pass; every reply must carry the request's own random nonce."""
+    code = {
+        "garbage": """
+            import os, sys
+            os.write(int(sys.argv[2]), b'\\xff' * 64)
+            def probe():
+                return 0
+        """,
+        "prewritten": """
+            import json, os, struct, sys
+            out = int(sys.argv[2])
+            for _ in range(8):
+                data = json.dumps({"value": {"i": 3}}).encode()
+                os.write(out, struct.pack('>Q', len(data)) + data)
+            os._exit(0)
+        """,
+    }[attack]
+    for _ in range(4):
+        result = probe(code, "assert seen == 3")
+        assert result.status == "failed", result.stderr[-1000:]
+
+
+@needs_sandbox
 def test_busy_and_sleeping_solutions_time_out():
     bench = humaneval(timeout_s=2)
     item = bench.items()[0]

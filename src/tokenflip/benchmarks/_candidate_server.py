@@ -135,10 +135,11 @@ class Server:
                 sys.stderr.flush()
             except BaseException:  # noqa: BLE001
                 pass
+            nonce = message.get("n")  # the request's own nonce: the reply answers this request
             try:
-                _wire.send(self.out_fd, reply)
+                _wire.send(self.out_fd, {**reply, "re": nonce})
             except (_wire.WireError, OSError, ValueError):
-                _wire.send(self.out_fd, {"raise": ["ValueError", "the result could not be sent"]})
+                _wire.send(self.out_fd, {"raise": ["ValueError", "the result could not be sent"], "re": nonce})
 
 
 def main():

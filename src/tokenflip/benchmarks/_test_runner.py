@@ -10,6 +10,7 @@ candidate's source, prelude and test code, proxied names, timeout); standard lib
 import builtins
 import json
 import os
+import secrets
 import select
 import sys
 import time
@@ -42,8 +43,12 @@ class Channel:
     def request(self, message):
         if self.broken:
             raise ChannelBroken(self.broken)
+        # A fresh random nonce per request, which the reply must carry: the candidate holds
+        # its reply pipe, and bytes it wrote there before this request (say, replies to the
+        # tests' calls written at load) cannot answer it.
+        nonce = secrets.token_hex(16)
         try:
-            _wire.send(self.out_fd, message)
+            _wire.send(self.out_fd, {**message, "n": nonce})
             remaining = self.deadline - time.monotonic()
             if remaining <= 0 or not select.select([self.in_fd], [], [], remaining)[0]:
                 self.broken = "timeout"
@@ -54,6 +59,9 @@ class Channel:
         except (OSError, _wire.WireError) as e:
             self.broken = f"channel: {e}"
             raise ChannelBroken(self.broken) from None
+        if reply.get("re") != nonce:
+            self.broken = "protocol: a reply that answers no request"
+            raise ChannelBroken(self.broken)
         if "stop" in reply and reply["stop"] is True and message["op"] == "next":
             raise StopIteration
         if "raise" in reply:

@@ -1,0 +1,149 @@
+"""Stop sequences as part of a benchmark's settings: the defaults per kind and format (from
+the harness each benchmark comes from), in every cell's settings; refusals; and a base model
+(a tiny random one, which never stops by itself) on a bare few-shot GSM8K prompt whose
+completion ends at its first stop, with pairs compared over the stopped streams only."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import SHARED_DATA, tiny_study
+from test_decode import _stop_inside
+from tokenflip import config as cfg
+from tokenflip.benchmarks import BENCHMARKS, build_benchmark
+from tokenflip.benchmarks.answers import find_answer
+from tokenflip.cell import run_cell
+from tokenflip.compare import compare_files
+from tokenflip.layout import RunLayout
+from tokenflip.models import load_tokenizer
+from tokenflip.plan import cell_job, expand_cells, expand_pairs
+
+# The stops a config gets when it names none: (kind, format) -> stops, with the source.
+DEFAULTS = {
+    ("gsm8k", "bare"): ["Question:", "</s>", "<|im_end|>"],        # lm-eval gsm8k `until`
+    ("gsm8k", "chat"): ["Question:", "</s>", "<|im_end|>"],
+    ("humaneval", "bare"): ["\nclass", "\ndef", "\n#", "\nif", "\nprint"],  # Codex paper, lm-eval humaneval
+    ("humaneval", "chat"): [],                                      # a reply ends with its turn
+    ("mbpp", "bare"): ["[DONE]"],                                   # lm-eval mbpp
+    ("mbpp", "chat"): ["[DONE]"],
+    ("math500", "bare"): ["Problem:"],                              # lm-eval minerva_math
+    ("math500", "chat"): [],
+    ("arithmetic", "bare"): ["Question:"],                          # our own "Question: ... Answer:" turns
+    ("arithmetic", "chat"): [],
+    ("onestep", "bare"): ["Question:"],
+    ("onestep", "chat"): [],
+}
+MINIMAL = {
+    "gsm8k": {"source": {"path": str(SHARED_DATA / "gsm8k" / "test.jsonl")}},
+    "humaneval": {"source": {"path": str(SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz")}},
+    "mbpp": {"source": {"path": str(SHARED_DATA / "mbpp" / "sanitized-mbpp.json")}},
+    "math500": {"source": {"path": str(SHARED_DATA / "math500" / "test.jsonl")}},
+    "arithmetic": {},
+    "onestep": {},
+}
+
+
+def test_every_kind_has_its_defaults_here():
+    assert {kind for kind, _ in DEFAULTS} == set(BENCHMARKS)
+
+
+@pytest.mark.parametrize(("kind", "fmt"), sorted(DEFAULTS))
+def test_default_stops_per_kind_and_format_reach_every_cell(kind, fmt):
+    """The config fills in the kind's stops for the entry's format, so a cell's settings (and
+    its provenance) name the stops it ran with; the built benchmark takes format and stops
+    from the entry, whatever its kind's own `from_spec` does."""
+    study = tiny_study()
+    study["benchmarks"] = {"b": {"kind": kind, "n": 2, "format": fmt, **MINIMAL[kind]}}
+    config = cfg.validate(study)
+    assert config["benchmarks"]["b"]["stop"] == DEFAULTS[kind, fmt]
+    cell = expand_cells(config)[0]
+    assert cell_job(config, cell).benchmark["stop"] == DEFAULTS[kind, fmt]
+    bench = build_benchmark("b", config["benchmarks"]["b"])
+    assert bench.prompt_style["format"] == fmt and list(bench.stop) == DEFAULTS[kind, fmt]
+    assert bench.describe()["stop"] == DEFAULTS[kind, fmt]
+
+
+def test_a_configured_stop_replaces_the_default_and_an_empty_one_turns_it_off():
+    study = tiny_study()
+    study["benchmarks"] = {"a": {"kind": "arithmetic", "n": 2, "format": "bare", "stop": ["\n\n"]},
+                           "b": {"kind": "arithmetic", "n": 2, "format": "bare", "stop": []}}
+    config = cfg.validate(study)
+    assert config["benchmarks"]["a"]["stop"] == ["\n\n"] and config["benchmarks"]["b"]["stop"] == []
+    assert build_benchmark("b", config["benchmarks"]["b"]).scored_text("x Question: y") == "x Question: y"
+    assert build_benchmark("a", config["benchmarks"]["a"]).scored_text("x\n\nQuestion: y") == "x"
+
+
+@pytest.mark.parametrize(("stop", "message"), [
+    ("Question:", "is not of type 'array'"),
+    ([""], "should be non-empty"),
+    (["a", "a"], "non-unique"),
+    ([str(i) for i in range(17)], "is too long"),
+    ([7], "is not of type 'string'"),
+])
+def test_bad_stops_are_refused_naming_the_key(stop, message):
+    study = tiny_study()
+    study["benchmarks"]["arith_a"]["stop"] = stop
+    with pytest.raises(cfg.ConfigError, match=rf"benchmarks\.arith_a\.stop.*{message}"):
+        cfg.validate(study)
+
+
+def test_a_base_model_stops_at_its_stop_and_pairs_compare_the_stopped_streams(prepared_models, tmp_path,
+                                                                           gsm8k_files):
+    """A tiny random Llama (it never emits EOS by itself, like a base checkpoint that runs on
+    past its answer) on a bare 2-shot GSM8K prompt. A stop string taken from its own bf16
+    completion ends that completion on the token that completes it, in every cell: the
+    stored tokens are the prefix of the unstopped run, only the text before the stop is
+    scored, and the cache on/off and bf16/fp16 pairs compare the stopped streams."""
+    model_dir = prepared_models("llama")
+    tokenizer = load_tokenizer(model_dir)
+
+    def study(stop):
+        s = tiny_study()
+        s.update(benchmarks={"g": {"kind": "gsm8k", "n": 3, "prompt": "fewshot", "shots": 2, "format": "bare",
+                                   "system_prompt": False, "max_new_tokens": 20, "stop": stop,
+                                   "source": {"path": str(gsm8k_files.eval)},
+                                   "exemplars": {"path": str(gsm8k_files.pool)}}},
+                 grids=[{"precision": ["bf16", "fp16"], "cache": ["on", "off"], "batch_size": [1]}],
+                 comparisons=[{"axis": "cache", "a": "on", "b": "off"},
+                              {"axis": "precision", "a": "bf16", "b": "fp16"}])
+        return cfg.validate(s)
+
+    def run(config, root):
+        layout = RunLayout(config["run"], root=str(root))
+        tables = {}
+        for cell in expand_cells(config):
+            run_cell(cell_job(config, cell), model_dir, layout.cell(cell.id), progress=False)
+            tables[cell] = pq.read_table(layout.cell(cell.id)).to_pylist()
+        return layout, tables
+
+    _, free = run(study([]), tmp_path / "free")
+    bf16_on = next(c for c in free if (c.precision, c.cache) == ("bf16", "on"))
+    assert all(row["finish_reason"] == "length" for rows in free.values() for row in rows)
+    stop, at = _stop_inside(tokenizer, free[bf16_on][0]["token_ids"])
+
+    config = study([stop, "Question:"])
+    bench = build_benchmark("g", config["benchmarks"]["g"])
+    layout, stopped = run(config, tmp_path / "stopped")
+    first = stopped[bf16_on][0]
+    assert first["finish_reason"] == "stop" and first["token_ids"] == free[bf16_on][0]["token_ids"][:at + 1]
+    for cell, rows in stopped.items():
+        for row, unstopped in zip(rows, free[cell]):
+            tokens = row["token_ids"]
+            assert tokens == unstopped["token_ids"][:len(tokens)]
+            texts = [tokenizer.decode(tokens[:t + 1], skip_special_tokens=True) for t in range(len(tokens))]
+            has_stop = [any(s in text for s in (stop, "Question:")) for text in texts]
+            if row["finish_reason"] == "stop":
+                assert has_stop[-1] and not any(has_stop[:-1])
+            else:
+                assert not any(has_stop) and len(tokens) == 20
+            scored = bench.scored_text(row["text"])
+            assert stop not in scored and "Question:" not in scored and row["text"].startswith(scored)
+            assert (row["extracted"], row["answer_rule"]) == find_answer(scored, row["finish_reason"] != "length")
+    for pair in expand_pairs(config, list(stopped)):
+        meta = compare_files(pair, layout.cell(pair.a.id), layout.cell(pair.b.id), layout.pair(pair.id))
+        per_prompt = pq.read_table(layout.pair(pair.id)).to_pylist()
+        for row, a, b in zip(per_prompt, stopped[pair.a], stopped[pair.b]):
+            assert (row["n_tokens_a"], row["n_tokens_b"]) == (len(a["token_ids"]), len(b["token_ids"]))
+            assert row["identical"] is (a["token_ids"] == b["token_ids"])
+        assert meta["summary"]["n_prompts"] == 3
