@@ -17,7 +17,7 @@ from . import stats, storage
 from .jobs import Pair
 
 # Provenance fields that legitimately differ between two cells of one run.
-_FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "wall_seconds", "cpu_seconds",
+_FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "table_sha256", "wall_seconds", "cpu_seconds",
                 "generated_tokens", "schema_version"}
 
 

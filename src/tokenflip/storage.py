@@ -107,6 +107,60 @@ def logits_digest(table: pa.Table) -> str:
     return h.hexdigest()
 
 
+def current_umask() -> int:
+    """The process's umask (reading it means setting it; set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _type_tag(kind: pa.DataType) -> str:
+    """A type's structure without the names Parquet may change on a round trip (a list's
+    item field is read back as `element`) or its large/small variants."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"list<{_type_tag(kind.value_type)}>"
+    if pa.types.is_fixed_size_list(kind):
+        return f"list[{kind.list_size}]<{_type_tag(kind.value_type)}>"
+    if pa.types.is_large_string(kind) or pa.types.is_string(kind):
+        return "string"
+    return str(kind)
+
+
+def _hash_array(h, array: pa.Array) -> None:
+    """Feed one column's type, validity and values (bitwise) into `h`; list offsets are taken
+    relative to the first, so that the same values hash the same however they are sliced."""
+    kind = array.type
+    h.update(_type_tag(kind).encode() + b"\0" + len(array).to_bytes(8, "little"))
+    if array.null_count:
+        h.update(np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=np.uint8).tobytes())
+    if pa.types.is_null(kind):
+        return
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        offsets = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        h.update((offsets - offsets[0]).tobytes())
+        _hash_array(h, array.flatten())
+    elif pa.types.is_fixed_size_list(kind):
+        _hash_array(h, array.flatten())
+    elif pa.types.is_boolean(kind):
+        h.update(np.asarray(array.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.uint8).tobytes())
+    elif pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        h.update(np.ascontiguousarray(array.fill_null(0).to_numpy(zero_copy_only=False)).tobytes())
+    else:  # strings and anything else: their values, each with its length
+        for value in array.to_pylist():
+            data = json.dumps(value, sort_keys=True, default=str).encode()
+            h.update(len(data).to_bytes(8, "little") + data)
+
+
+def table_digest(table: pa.Table) -> str:
+    """sha256 over every column of a table (names, types, validity and values, bitwise), in
+    stored row order: any edit of any value of a result file changes it."""
+    h = hashlib.sha256()
+    for name in table.column_names:
+        h.update(name.encode() + b"\0")
+        _hash_array(h, table.column(name).combine_chunks())
+    return h.hexdigest()
+
+
 def _temporary_prefix(path: Path) -> str:
     return f".{path.name}."
 
@@ -141,6 +195,9 @@ def atomic_path(path: str | Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
+    # mkstemp creates 0600; a result gets the mode the user's umask gives any new file, so a
+    # group sharing a project directory (or a web server publishing reports) can read it.
+    os.fchmod(fd, 0o666 & ~current_umask())
     os.close(fd)
     try:
         yield Path(tmp)
@@ -156,8 +213,8 @@ def atomic_path(path: str | Path):
 def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> None:
     """Write atomically with `metadata` as JSON in the schema metadata."""
     meta = dict(table.schema.metadata or {})
-    meta[META_KEY] = json.dumps({"schema_version": SCHEMA_VERSION, **metadata}, sort_keys=True,
-                                default=str).encode()
+    meta[META_KEY] = json.dumps({"schema_version": SCHEMA_VERSION, **metadata, "table_sha256": table_digest(table)},
+                                sort_keys=True, default=str).encode()
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp:
         # zstd-3: the smallest of the fast codecs on these list columns (1.1-1.2x smaller than
@@ -189,7 +246,9 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 def read_table(path: str | Path, columns: list[str] | None = None,
                kind: str | None = None) -> tuple[pa.Table, dict[str, Any]]:
     """The table and its provenance; with `kind`, refuse a file of another kind (a pair
-    file where a cell file is expected, say)."""
+    file where a cell file is expected, say). Every column is checked against the
+    table_sha256 recorded when the file was written: an edited value (a `correct`, a
+    `margin`, a pair's `identical`) is refused naming the file, never summarised."""
     meta = read_metadata(path)
     if kind is not None and meta.get("kind") != kind:
         raise StorageError(f"{path}: a {meta.get('kind')!r} file, expected a {kind!r} file")
@@ -197,6 +256,15 @@ def read_table(path: str | Path, columns: list[str] | None = None,
         table = pq.read_table(path, columns=columns, page_checksum_verification=True)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StorageError(f"{path}: corrupt or truncated Parquet file ({type(exc).__name__}: {exc})") from None
+    if columns is None:
+        recorded = meta.get("table_sha256")
+        if recorded is None:
+            raise StorageError(f"{path}: no table_sha256 in its provenance (written by an older tokenflip, or "
+                               "not by tokenflip): make it again")
+        actual = table_digest(table)
+        if actual != recorded:
+            raise StorageError(f"{path}: the data do not match the recorded table_sha256 (recorded {recorded[:12]}…, "
+                               f"data {actual[:12]}…): an edited or corrupt file")
     return table, meta
 
 
