@@ -158,6 +158,7 @@ def cmd_diff_runs(args) -> None:
     """Exit status 0 when every shared cell is bitwise identical, 3 when some differ."""
     from .compare import compare_tables
     from .layout import cell_ids_under, cells_dir_of
+    from .provenance import kernel_differences
     from .storage import StorageError, read_cell
 
     roots = [cells_dir_of(args.run_a), cells_dir_of(args.run_b)]
@@ -169,9 +170,12 @@ def cmd_diff_runs(args) -> None:
     if not shared:
         raise StorageError(f"no cell is in both {roots[0]} and {roots[1]}")
     differing = 0
+    kernels: dict[str, list[str]] = {}
     for cell_id in shared:
         (table_a, meta_a), (table_b, meta_b) = (read_cell(f[cell_id]) for f in files)
         machines = " vs ".join(m["environment"]["device"]["name"] for m in (meta_a, meta_b))
+        for line in kernel_differences(meta_a["environment"]["device"], meta_b["environment"]["device"]):
+            kernels.setdefault(line, []).append(cell_id)
         if meta_a["token_stream_sha256"] == meta_b["token_stream_sha256"]:
             same_logits = meta_a["logits_sha256"] == meta_b["logits_sha256"]
             print(f"identical  {cell_id}  (tokens{' and logits' if same_logits else ', logits differ'}; {machines})")
@@ -188,6 +192,8 @@ def cmd_diff_runs(args) -> None:
     only = sorted(set(files[0]) ^ set(files[1]))
     for cell_id in only:
         print(f"only in {'a' if cell_id in files[0] else 'b'}  {cell_id}")
+    for line, cells in kernels.items():
+        print(f"kernels may differ: {line} ({len(cells)} shared cell{'s' if len(cells) != 1 else ''})")
     print(f"{len(shared) - differing} identical, {differing} different, {len(only)} in one run only")
     if differing:
         raise SystemExit(3)

@@ -40,8 +40,55 @@ def device_info(device: torch.device) -> dict[str, Any]:
         info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
     else:
         info["name"] = _cpu_name()
-        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        info.update(cpu_kernels())
     return info
+
+
+# The instruction-set extensions that decide which 16-bit kernels a CPU runs (oneDNN and
+# torch dispatch on them): two machines whose model names agree can still differ here.
+KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "sve", "bf16", "fphp")
+
+
+def cpu_kernels() -> dict[str, Any]:
+    """What selects a CPU's kernels: torch's dispatch capability, the extensions of
+    KERNEL_FLAGS the CPU has, and the variables that cap oneDNN and the BLAS."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_flags": [flag for flag in KERNEL_FLAGS if flag in flags],
+            "mkldnn": bool(torch.backends.mkldnn.is_available()),
+            **{name.lower(): os.environ.get(name) for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+                                                                "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE")}}
+
+
+KERNEL_KEYS = ("cpu_capability", "cpu_flags", "mkldnn", "onednn_max_cpu_isa", "dnnl_max_cpu_isa",
+               "aten_cpu_capability", "openblas_coretype", "threads", "capability", "name")
+
+
+def kernel_differences(device_a: dict[str, Any], device_b: dict[str, Any]) -> list[str]:
+    """The fields of two recorded devices that select kernels and differ ("cpu_flags:
+    avx512_bf16 only in a"), so that a difference between two runs can be traced to them."""
+    out = []
+    for key in KERNEL_KEYS:
+        a, b = device_a.get(key), device_b.get(key)
+        if a == b:
+            continue
+        if isinstance(a, list) and isinstance(b, list):
+            only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+            parts = ([f"{' '.join(only_a)} only in a"] if only_a else []) + (
+                [f"{' '.join(only_b)} only in b"] if only_b else [])
+            out.append(f"{key}: {'; '.join(parts)}")
+        else:
+            out.append(f"{key}: {a!r} vs {b!r}")
+    return out
 
 
 def _cpu_name() -> str:
