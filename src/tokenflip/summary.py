@@ -64,8 +64,28 @@ class Checked:
         self.refused[path] = reason
 
 
-def check_cell(path: str, cell: Cell, expected_settings: dict[str, Any]) -> tuple[pa.Table, dict[str, Any]]:
-    """The cell file at `path`, if it is the cell the config asks for there; else ResultError."""
+def input_digests(description: dict[str, Any]) -> dict[str, Any]:
+    """The digests of the data files a benchmark description names (its source, exemplar
+    and shot sources): {dotted key: sha256}."""
+    return {key: value for key, value in compare.flatten_provenance(description).items() if key.endswith("sha256")}
+
+
+def current_inputs(config: dict[str, Any], benchmark: str, cache: dict[str, dict]) -> dict[str, Any]:
+    """The digests of the benchmark's data files as they are now (computed once per run)."""
+    if benchmark not in cache:
+        from .benchmarks import BenchmarkError, build_benchmark
+
+        try:
+            cache[benchmark] = input_digests(build_benchmark(benchmark, config["benchmarks"][benchmark]).describe())
+        except (BenchmarkError, OSError) as exc:
+            raise ResultError(f"benchmark {benchmark!r}: its data cannot be read now ({exc})") from None
+    return cache[benchmark]
+
+
+def check_cell(path: str, cell: Cell, expected_settings: dict[str, Any],
+               inputs: dict[str, Any] | None = None) -> tuple[pa.Table, dict[str, Any]]:
+    """The cell file at `path`, if it is the cell the config asks for there, made from the
+    data files as they are now (`inputs`, see `current_inputs`); else ResultError."""
     try:
         table, meta = storage.read_cell(path)
     except storage.StorageError as exc:
@@ -78,6 +98,13 @@ def check_cell(path: str, cell: Cell, expected_settings: dict[str, Any]) -> tupl
         key, got, want = diff
         raise ResultError(f"{path}: made with settings.{key} = {got!r}, but the config asks for {want!r}; "
                           f"{_redo(path)}")
+    recorded = input_digests(meta.get("benchmark", {}))
+    for key, now in (inputs or {}).items():
+        if recorded.get(key) != now:
+            where = key.rsplit(".", 1)[0]
+            file = compare.flatten_provenance(meta.get("benchmark", {})).get(f"{where}.path") or where
+            raise ResultError(f"{path}: made from another version of its data ({file}: benchmark.{key} "
+                              f"{str(recorded.get(key))[:12]}… then, {now[:12]}… now); {_redo(path)}")
     return table, meta
 
 
@@ -130,13 +157,14 @@ def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked,
               cells: list[Cell] | None = None) -> tuple[list[dict], dict[str, dict]]:
     """One row per planned cell (missing ones included), and the metadata of the usable ones
     (with the prompts its intervention fired on, under `_triggered`)."""
-    rows, metas = [], {}
+    rows, metas, inputs = [], {}, {}
     for cell in cells if cells is not None else expand_cells(config):
         path = layout.cell(cell.id)
         row: dict[str, Any] = {"cell_id": cell.id, **cell.as_dict(), "status": "missing"}
         if Path(path).exists():
             try:
-                table, meta = check_cell(path, cell, cell_job(config, cell).to_json())
+                table, meta = check_cell(path, cell, cell_job(config, cell).to_json(),
+                                         current_inputs(config, cell.benchmark, inputs))
                 row.update(cell_row(cell, table, meta))
                 metas[cell.id] = {**meta, "_triggered": triggered_prompts(table)}
             except ResultError as exc:

@@ -4,6 +4,7 @@
 # without touching old ones.
 import json
 
+from tokenflip.benchmarks import build_benchmark
 from tokenflip.jobs import COMPARABLE_AXES, Cell, Pair
 from tokenflip.layout import RunLayout
 from tokenflip.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
@@ -46,6 +47,11 @@ def benchmark_spec_json(wildcards):
     """The benchmark entry without max_new_tokens: what its prompts depend on."""
     spec = {k: v for k, v in config["benchmarks"][wildcards.benchmark].items() if k != "max_new_tokens"}
     return json.dumps(spec, sort_keys=True)
+
+
+def benchmark_files(wildcards):
+    """The local data files of the benchmark: an edited one reruns its cells."""
+    return build_benchmark(wildcards.benchmark, config["benchmarks"][wildcards.benchmark]).data_files()
 
 
 def model_spec_json(wildcards):

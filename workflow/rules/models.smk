@@ -20,6 +20,7 @@ rule prepare_model:
 rule check_prompts:
     input:
         model=LAYOUT.model_pattern,
+        data=benchmark_files,
     output:
         LAYOUT.prompt_check_pattern,
     params:

@@ -180,6 +180,20 @@ class Benchmark(ABC):
                 parts.append(f" {message['content'].strip()}\n\n")
         return "".join(parts)
 
+    def data_files(self) -> list[str]:
+        """The local files the benchmark's items and prompts are read from (a `path` source,
+        an installed package's file; exemplar and shot sources too): inputs of the jobs that
+        read them, so that an edited file reruns them. Hub sources have none."""
+        files = []
+        for attr in ("source", "exemplar_source"):
+            source = getattr(self, attr, None)
+            if source is None or source.hub is not None:
+                continue
+            path = str(source.path) if source.path is not None else str(source.package_file())
+            if path not in files:
+                files.append(path)
+        return files
+
     def scored_text(self, completion: str) -> str:
         """What of a completion is scored: the text before its first stop sequence (a base
         model writes its own next question after its answer; lm-eval cuts there too)."""
