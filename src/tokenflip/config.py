@@ -209,6 +209,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
                 f"(allowed: {error.validator_value})")
     if error.validator == "enum":
         return f"{error.instance!r} is not one of {error.validator_value}"
+    if error.validator == "maxLength" and isinstance(error.instance, str):
+        return (f"{error.instance[:24]!r}... is {len(error.instance)} characters long, more than the "
+                f"{error.validator_value} that keep every file name of the run within the file system's limit")
     if error.validator == "minimum":
         return f"{error.instance!r} is below the minimum {error.validator_value}"
     if error.validator == "additionalProperties":

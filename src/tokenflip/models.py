@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from . import storage
+
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MANIFEST = "model.json"
 
@@ -116,13 +118,16 @@ def build_model(spec: dict[str, Any]):
         kwargs = dict(TINY_ARCHITECTURES[arch])
         kwargs.update(spec.get("overrides", {}))
         model_type = kwargs.pop("model_type")
-        config = AutoConfig.for_model(
-            model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(spec.get("seed", 0))
         try:
+            config = AutoConfig.for_model(
+                model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        except Exception as exc:  # the library's own check of the sizes, or a failure building them
+            raise ModelError(f"random {arch} model: overrides {spec.get('overrides', {})} do not make a model "
+                             f"({type(exc).__name__}: {' '.join(str(exc).split())[:400]})") from None
         finally:
             torch.random.set_rng_state(generator_state)
         return model, tokenizer
@@ -154,6 +159,7 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
         if own_temporary.fullmatch(stale.name) and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    os.chmod(tmp, 0o777 & ~storage.current_umask())  # mkdtemp's 0700 would hide the model from the group
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -159,7 +159,9 @@ PROBE = Probe(
     options={
         "pairs": {"description": "precision pairs [a, b]; a's greedy trajectory is replayed through b",
                   "type": "array", "minItems": 1,
-                  "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": _PRECISION},
+                  # two different precisions: a pair of one precision compares nothing
+                  "items": {"type": "array", "minItems": 2, "maxItems": 2, "uniqueItems": True,
+                            "items": _PRECISION},
                   "default": [["bf16", "fp16"]]},
         "flips": {"type": "integer", "minimum": 0, "default": 3,
                   "description": "graft at the first N flip steps of each prompt"},
