@@ -442,9 +442,9 @@ def test_unix_sockets_of_the_host_are_unreachable(tmp_path):
         code = f"""
             import socket
             def connect(address, family=socket.AF_UNIX):
-                s = socket.socket(family, socket.SOCK_STREAM)
-                s.settimeout(2)
-                try:
+                try:  # creating a socket is refused already (seccomp), connecting would be too
+                    s = socket.socket(family, socket.SOCK_STREAM)
+                    s.settimeout(2)
                     s.connect(address)
                     return 'connected'
                 except OSError as e:
@@ -512,6 +512,27 @@ def test_memory_limit_holds_for_the_whole_sample():
     """
     limits = Limits(timeout_s=30, memory_bytes=512 * 1024**2)
     assert_probe(code, "assert seen[0] == 0 and seen[1] <= 512 * 1024 ** 2, seen", limits)
+
+
+@needs_sandbox
+def test_shared_memory_and_descriptors_in_flight_are_out_of_reach():
+    """Under a 256 MiB limit, 40 memory files of 15 MiB (600 MiB of shared memory, outside the
+    address-space limit) could be held, and descriptors sent over a socket pair escape the
+    open-files limit: both calls are refused (EPERM), so the limits hold for the sample."""
+    code = """
+        import os, socket
+        def attempt(call):
+            try:
+                call()
+                return 'allowed'
+            except OSError as e:
+                return e.errno
+        def probe():
+            return [attempt(lambda: os.memfd_create('x')), attempt(socket.socketpair),
+                    attempt(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))]
+    """
+    limits = Limits(timeout_s=20, memory_bytes=256 * 1024**2)
+    assert_probe(code, "import errno\nassert seen == [errno.EPERM] * 3, seen", limits)
 
 
 @needs_sandbox
@@ -676,10 +697,11 @@ def test_sample_dies_with_the_scorer_on_kill_9():
 
 def test_description_states_guarantees_and_missing_ones():
     info = sandbox_description()
-    assert info["missing_guarantees"] == [] and len(info["guarantees"]) == 5
+    assert info["missing_guarantees"] == [] and len(info["guarantees"]) == 6
+    assert len(info["known_gaps"]) == 1 and "inode" in info["known_gaps"][0]
     assert any("bubblewrap" in layer for layer in info["layers"])
     bare = sandbox_description(layers=Layers(problem="no bwrap"))
-    assert len(bare["missing_guarantees"]) == 4 and bare["problem"] == "no bwrap"
+    assert len(bare["missing_guarantees"]) == 5 and bare["problem"] == "no bwrap"
 
 
 @needs_humaneval

@@ -60,7 +60,12 @@ GUARANTEES = {
     "no processes": "the candidate cannot create processes (seccomp), so its resource limits hold for the "
                     "whole sample",
     "lifetime": "the sandbox dies with the scorer, even on kill -9, and leaves no files behind",
+    "memory": "memory limits hold for the whole sample: no anonymous memory files (memfd_create) and no "
+              "sockets (so no file descriptors in flight past the open-files limit); seccomp",
 }
+# What the limits do not bound, recorded beside the guarantees in every cell's provenance.
+GAPS = ("the private tmpfs caps bytes but not the number of files (bubblewrap sets no inode limit): a sample "
+        "can hold kernel memory in empty files until its wall-clock timeout",)
 
 
 @dataclass(frozen=True)
@@ -95,8 +100,8 @@ class Layers:
     def missing(self) -> tuple[str, ...]:
         """The guarantees of `GUARANTEES` this machine cannot give."""
         if not self.sandboxed:
-            return ("filesystem", "isolation", "no processes", "lifetime")
-        return () if self.seccomp else ("no processes",)
+            return ("filesystem", "isolation", "no processes", "lifetime", "memory")
+        return () if self.seccomp else ("no processes", "memory")
 
     def names(self) -> list[str]:
         names = ["trusted test process separate from the candidate process, plain data between them",
@@ -106,7 +111,7 @@ class Layers:
                          "private size-limited tmpfs, new user/PID/network/IPC/UTS namespaces, unprivileged uid, "
                          "no capabilities, dies with the scorer")
         if self.seccomp:
-            names.append("seccomp: no process creation")
+            names.append("seccomp: no process creation, no memory files, no sockets")
         if not self.sandboxed and self.guard:
             names.append("in-process guard (a convenience, not a boundary)")
         return names
@@ -435,6 +440,7 @@ def sandbox_description(limits: Limits = Limits(), layers: Layers | None = None)
         "layers": layers.names(),
         "guarantees": [GUARANTEES[k] for k in GUARANTEES if k not in layers.missing],
         "missing_guarantees": [GUARANTEES[k] for k in layers.missing],
+        "known_gaps": list(GAPS),
         "problem": layers.problem,
         "limits": asdict(limits),
     }

@@ -3,8 +3,8 @@ that sees only the interpreter and its standard library, read-only; a private si
 tmpfs as its working directory; no network, IPC or other processes (fresh namespaces, and no
 /proc at all); no capabilities and an unprivileged uid inside; a seccomp filter that forbids
 creating processes (so one process's resource limits are the whole sample's) and the kernel
-interfaces a sample has no use for (keyrings, ptrace, bpf, perf events, userfaultfd); and death
-with its parent.
+interfaces a sample has no use for (keyrings, ptrace, bpf, perf events, userfaultfd, memory
+files, sockets); and death with its parent.
 
 Run as root, bwrap maps the sandbox's uid to root's outside its user namespace; without
 capabilities that uid can only use what the sandbox shows it, which is why no /proc (whose
@@ -106,9 +106,12 @@ _ALLOW, _KILL_PROCESS = 0x7FFF0000, 0x80000000
 _ERRNO = 0x00050000
 _CLONE_THREAD = 0x00010000
 _ARCHES = {  # machine: (AUDIT_ARCH, clone, clone3, other process-creating syscalls, denied, x32 bit)
-    # denied: add_key, request_key, keyctl, ptrace, bpf, perf_event_open, userfaultfd
-    "x86_64": (0xC000003E, 56, 435, (57, 58), (248, 249, 250, 101, 321, 298, 323), 0x40000000),
-    "aarch64": (0xC00000B7, 220, 435, (), (217, 218, 219, 117, 280, 241, 282), None),
+    # denied: add_key, request_key, keyctl, ptrace, bpf, perf_event_open, userfaultfd, and
+    # memfd_create, socket, socketpair: anonymous memory files are shared memory outside the
+    # address-space limit, and file descriptors in flight over a socket pair escape the
+    # open-files limit; a sample needs neither (its channel is two pipes it is given)
+    "x86_64": (0xC000003E, 56, 435, (57, 58), (248, 249, 250, 101, 321, 298, 323, 319, 41, 53), 0x40000000),
+    "aarch64": (0xC00000B7, 220, 435, (), (217, 218, 219, 117, 280, 241, 282, 279, 198, 199), None),
 }
 
 
