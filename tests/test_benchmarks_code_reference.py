@@ -135,3 +135,32 @@ def test_sandbox_errors_are_left_out_of_accuracy_and_the_paired_test():
     assert summary["accuracy_a"] == pytest.approx(2 / 3) and summary["accuracy_b"] == pytest.approx(1 / 3)
     assert summary["n_correctness_flips"] == 1
     assert summary["mcnemar_p"] == pytest.approx(1.0)
+
+
+
+def test_code_answers_agree_when_their_execution_outcomes_do():
+    """Semantic agreement of code is the execution outcome (arXiv 2609.26621 §8.2), not the
+    code's text: two different programs that both pass agree, a pass and a failure do not,
+    and a sample the sandbox could not score agrees with nothing."""
+    import numpy as np
+
+    from tokenflip import storage
+
+    def table(rows):
+        records = [{"prompt_index": i, "prompt_id": f"p{i}", "batch_index": i, "prompt_ids": [1],
+                    "token_ids": tokens, "top_ids": np.zeros((len(tokens), 2), np.int32),
+                    "top_logits": np.tile(np.float32([2.0, 1.0]), (len(tokens), 1)), "margin": [1.0] * len(tokens),
+                    "logsumexp": [0.0] * len(tokens), "entropy": [0.0] * len(tokens),
+                    "intervened": [False] * len(tokens), "n_tokens": len(tokens), "finish_reason": "stop",
+                    "text": "", "gold": None, "extracted": code, "correct": correct, "answer_rule": "continuation",
+                    "verdict": verdict, "latency_s": 0.0}
+                   for i, (tokens, code, correct, verdict) in enumerate(rows)]
+        return storage.cell_table(records, 2)
+
+    a = table([([1, 2], "return x+y", True, "passed"), ([1, 2], "return x+y", True, "passed"),
+               ([1, 2], "return x+y", True, "passed")])
+    b = table([([1, 3], "return y+x", True, "passed"), ([1, 3], "return x", False, "failed"),
+               ([1, 3], "return x+y", None, "sandbox_error")])
+    rows = compare.compare_tables(a, b, 2).to_pylist()
+    assert [r["identical"] for r in rows] == [False] * 3
+    assert [r["same_answer"] for r in rows] == [True, False, False]

@@ -21,6 +21,10 @@ _FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "tabl
                 "generated_tokens", "schema_version"}
 
 
+# A code sample's verdicts (the other kinds' are correct, wrong and no_answer).
+CODE_VERDICTS = {"passed", "failed", "timeout", "no_code", "sandbox_error"}
+
+
 # The paper's gate threshold τ: a step whose top-2 margin is below it is a near-tie.
 NEAR_TIE = 1e-3
 
@@ -138,8 +142,16 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
         rows["extracted_a"].append(ex_a)
         rows["extracted_b"].append(ex_b)
         # Identical completions agree by definition; otherwise the extracted answers decide
-        # (two completions that both give no answer agree on having none).
-        rows["same_answer"].append(identical or ex_a == ex_b)
+        # (two completions that both give no answer agree on having none). For code the
+        # execution outcome is the answer (arXiv 2609.26621 §8.2: "execution outcomes agree
+        # on 97.6% of problems while token sequences agree on 26.2%"), not the code's text.
+        verdicts = rows["verdict_a"][-1], rows["verdict_b"][-1]
+        if set(verdicts) <= CODE_VERDICTS:
+            same = rows["correct_a"][-1] == rows["correct_b"][-1] and None not in (rows["correct_a"][-1],
+                                                                                  rows["correct_b"][-1])
+        else:
+            same = ex_a == ex_b
+        rows["same_answer"].append(identical or same)
     return pa.table(rows)
 
 
