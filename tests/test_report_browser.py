@@ -385,8 +385,9 @@ def test_dom_numbers_match_the_summary_tables(browser_page, run):
     for c in cells:
         row = dom_cells[c["cell_id"]]
         assert row[1] == c["status"]
-        assert row[3] == _pct(c["accuracy"]) and row[4] == str(c["generated_tokens"])
-        assert row[7].rstrip("…") == c["token_stream_sha256"][:16]
+        assert row[3] == _pct(c["accuracy"]) and row[7] == str(c["generated_tokens"])
+        assert row[4:7] == [str(c["n_stopped"]), str(c["n_no_answer"]), str(c["n_sandbox_errors"])]
+        assert row[10].rstrip("…") == c["token_stream_sha256"][:16]
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:

@@ -164,8 +164,10 @@ def exit_if_orphaned(cleanup=None) -> None:
 
 
 def watch_scheduler(interval: float = 0.5) -> None:
-    """Check in the background, every `interval` seconds, that the scheduler is alive."""
-    if scheduler_gone() is None and os.environ.get(SCHEDULER_VARIABLE):
+    """Check in the background, every `interval` seconds, that the scheduler is alive; stop
+    at once if it died already (on a slow machine, while this job was still starting)."""
+    exit_if_orphaned()
+    if os.environ.get(SCHEDULER_VARIABLE):
         import threading
         import time
 
