@@ -62,6 +62,7 @@ def test_default_stops_per_kind_and_format_reach_every_cell(kind, fmt):
     bench = build_benchmark("b", config["benchmarks"]["b"])
     assert bench.prompt_style["format"] == fmt and list(bench.stop) == DEFAULTS[kind, fmt]
     assert bench.describe()["stop"] == DEFAULTS[kind, fmt]
+    assert bench.describe()["stop_source"] == type(bench).stop_source
 
 
 def test_a_configured_stop_replaces_the_default_and_an_empty_one_turns_it_off():
@@ -72,6 +73,7 @@ def test_a_configured_stop_replaces_the_default_and_an_empty_one_turns_it_off():
     assert config["benchmarks"]["a"]["stop"] == ["\n\n"] and config["benchmarks"]["b"]["stop"] == []
     assert build_benchmark("b", config["benchmarks"]["b"]).scored_text("x Question: y") == "x Question: y"
     assert build_benchmark("a", config["benchmarks"]["a"]).scored_text("x\n\nQuestion: y") == "x"
+    assert build_benchmark("a", config["benchmarks"]["a"]).describe()["stop_source"] == "the config's `stop`"
 
 
 @pytest.mark.parametrize(("stop", "message"), [

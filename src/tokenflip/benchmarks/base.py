@@ -234,7 +234,9 @@ class Benchmark(ABC):
         """The fields every benchmark's `describe()` shares, followed by its own."""
         return {"name": self.name, "kind": self.kind, "n": len(self.items()), "n_requested": self.n,
                 "prompt_format": self.prompt_format, "prompt_style": dict(self.prompt_style),
-                "stop": list(self.stop), "scorer": self.scorer, "answer_rules": list(self.answer_rules), **extra}
+                "stop": list(self.stop), "stop_source": self.stop_source
+                if self.stop == self.default_stop(self.prompt_style["format"]) else "the config's `stop`",
+                "scorer": self.scorer, "answer_rules": list(self.answer_rules), **extra}
 
 
 class MathBenchmark(Benchmark):
