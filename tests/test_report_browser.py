@@ -96,9 +96,10 @@ def run(tmp_path_factory) -> dict[str, Any]:
     jobs += [["compare", layout.cell(pair.a.id), layout.cell(pair.b.id),
               "--pair-id", pair.id, "--out", layout.pair(pair.id)]
              for pair in expand_pairs(config, cells)]
-    jobs += [["probe", "--job", probe_job(config, probe, model, bench).dumps(),
-              "--model-dir", models[model], "--out-dir", layout.probe_dir(probe, model, bench)]
-             for probe, model, bench in probe_targets(config)]
+    probe_jobs = [probe_job(config, *target) for target in probe_targets(config)]
+    jobs += [["probe", "--job", job.dumps(), "--model-dir", models[job.model_name],
+              "--out-dir", layout.probe_dir(job.probe, job.model_name, job.benchmark_name),
+              "--pairs", *(layout.pair(pair_id) for pair_id in job.explains)] for job in probe_jobs]
     jobs += [["summarize", "--config-json", config_json, "--root", str(root)],
              ["report", "--config-json", config_json, "--root", str(root)]]
     for argv in jobs:

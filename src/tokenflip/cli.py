@@ -77,7 +77,8 @@ def cmd_probe(args) -> None:
     job = ProbeJob.from_json(args.job)
     if job.probe not in PROBES:
         raise JobSpecError(f"probe job: unknown probe {job.probe!r}; known: {PROBES.names()}")
-    PROBES[job.probe].run(job, args.model_dir, args.out_dir)
+    # A probe that explains pairs (`Probe.explains`) also gets their result files.
+    PROBES[job.probe].run(job, args.model_dir, args.out_dir, *([args.pairs] if args.pairs else []))
     print(f"probe {job.probe} written to {args.out_dir}")
 
 
@@ -252,6 +253,8 @@ def _job_commands(sub) -> None:
     p.add_argument("--job", type=_json_arg, required=True, help="probe job spec as JSON")
     p.add_argument("--model-dir", required=True, help="prepared model directory")
     p.add_argument("--out-dir", required=True, help="directory for the probe's Parquet tables")
+    p.add_argument("--pairs", nargs="*", default=[],
+                   help="pair results of the pairs the job explains, to choose its prompts from")
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("compare", help="compare two cell files that differ in one axis")

@@ -228,6 +228,10 @@ class ProbeJob:
     max_new_tokens: int
     prompts: int
     options: dict = field(default_factory=dict)
+    # How the prompts are chosen: "diverged" (from the results of the pairs the probe
+    # explains, `explains`: their ids) or "first" (the benchmark's first `prompts`).
+    select: str = "first"
+    explains: list = field(default_factory=list)
     device: str = "auto"
     threads: int | None = None
     # The probe's table version (Probe.version): tables of another version are not read,

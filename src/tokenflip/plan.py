@@ -93,12 +93,46 @@ def probe_targets(config: dict[str, Any]) -> list[tuple[str, str, str]]:
             for bench in configured[probe].get("benchmarks", config["benchmarks"])]
 
 
-def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str) -> ProbeJob:
-    """Everything one probe job depends on (its own model and benchmark only)."""
+def at_defaults(config: dict[str, Any], cell: Cell, except_axes: tuple[str, ...] = ()) -> bool:
+    """Whether a cell's axes are the plain setting (cache on, batch size 1, greedy, no
+    intervention, every further axis at its default), but for `except_axes`."""
+    plain = {"cache": lambda v: v == "on", "batch_size": lambda v: v == 1,
+             "decoding": lambda v: config.get("decoding", {}).get(v, {}).get("strategy") == "greedy",
+             "intervention": lambda v: config.get("interventions", {}).get(v, {}).get("kind") == "none",
+             **{axis: (lambda v, d=default: v == d) for axis, default in EXTRA_AXES.items()}}
+    return all(test(cell.value(axis)) for axis, test in plain.items() if axis not in except_axes)
+
+
+def probe_pairs(config: dict[str, Any], probe: str, model: str, benchmark: str,
+                pairs: list[Pair] | None = None) -> list[Pair]:
+    """The pairs of this model and benchmark whose results the probe explains (its
+    `explains`), every axis but the compared one and the precision at its default: the
+    pairs a `select: diverged` probe chooses its prompts from."""
+    from .probes import PROBES
+
+    options = {**_probe_defaults(probe), **config["probes"][probe]}
+    wanted = PROBES[probe].explains(options)
+    pairs = pairs if pairs is not None else expand_pairs(config, expand_cells(config))
+    return [pair for pair in pairs if pair.a.model == model and pair.a.benchmark == benchmark and wanted(pair)
+            and at_defaults(config, pair.a, (pair.axis, "precision"))]
+
+
+def _probe_defaults(probe: str) -> dict[str, Any]:
+    from .probes import PROBES
+
+    return {key: spec["default"] for key, spec in PROBES[probe].options.items() if "default" in spec}
+
+
+def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str,
+              pairs: list[Pair] | None = None) -> ProbeJob:
+    """Everything one probe job depends on (its own model and benchmark only, and the
+    pairs of them it chooses its prompts from)."""
     from .probes import PROBES
 
     spec = config["probes"][probe]
     bench = config["benchmarks"][benchmark]
+    select = spec.get("select", "diverged")
+    explains = sorted(p.id for p in probe_pairs(config, probe, model, benchmark, pairs)) if select == "diverged" else []
     return ProbeJob(
         probe=probe,
         model_name=model,
@@ -110,6 +144,8 @@ def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str) ->
                                                                config["generation"]["max_new_tokens"]),
         prompts=spec["prompts"],
         options={key: spec[key] for key in PROBES[probe].options if key in spec},
+        select=select,
+        explains=explains,
         device=config["generation"]["device"],
         threads=config["generation"]["threads"],
         version=PROBES[probe].version,

@@ -74,7 +74,15 @@ def pair_id(wildcards):
 
 def probe_job_json(probe):
     def lookup(wildcards):
-        return probe_job(config, probe, wildcards.model, wildcards.benchmark).dumps()
+        return probe_job(config, probe, wildcards.model, wildcards.benchmark, PAIRS).dumps()
+    return lookup
+
+
+def probe_pair_files(probe):
+    """The pair results a probe job chooses its prompts from (none with `select: first`)."""
+    def lookup(wildcards):
+        job = probe_job(config, probe, wildcards.model, wildcards.benchmark, PAIRS)
+        return [LAYOUT.pair(pair_id) for pair_id in job.explains]
     return lookup
 
 

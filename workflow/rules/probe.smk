@@ -1,5 +1,5 @@
-# Mechanism probes: one job per probe × model × benchmark, on a subset of prompts, each
-# writing its tables into its own folder. One rule per registered probe (tokenflip.probes).
+# Mechanism probes: one job per probe × model × benchmark, on a subset of prompts (chosen
+# from the results of the pairs it explains), each writing its tables into its own folder. One rule per registered probe (tokenflip.probes).
 
 for _probe in PROBES:
 
@@ -9,6 +9,7 @@ for _probe in PROBES:
         input:
             model=LAYOUT.model_pattern,
             prompts=LAYOUT.prompt_check_pattern,
+            pairs=probe_pair_files(_probe),
         output:
             [LAYOUT.probe_pattern(_probe, table) for table in PROBES[_probe].tables],
         params:
@@ -23,4 +24,4 @@ for _probe in PROBES:
             "../../envs/tokenflip.yaml"
         shell:
             "tokenflip probe --job {params.job:q} --model-dir {input.model:q} --out-dir {params.out_dir:q} "
-            "> {log:q} 2>&1"
+            "--pairs {input.pairs:q} > {log:q} 2>&1"

@@ -108,13 +108,13 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
     return {"steps": steps, "layers": layers, "patching": patching}
 
 
-def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path, pair_files=()) -> dict[str, Any]:
     """Run the KV-cache probe for one model × benchmark over the configured precisions."""
     def one(models, prompt, eos, pad, stop):
         return probe_prompt(models[0], prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]), stop)
 
     variants = [({"precision": p}, (p,)) for p in job.options["precisions"]]
-    return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one)
+    return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one, pair_files)
 
 
 def _mean_over_prompts(layers: pd.DataFrame) -> pd.DataFrame:
@@ -134,5 +134,8 @@ PROBE = Probe(
         "patch_steps": {"type": "integer", "minimum": 0, "default": 3},
     },
     aggregate={"layers": _mean_over_prompts},
-    version=2,  # 2: patches per layer from cache-off's own keys and values, share of KL recovered
+    # Explains cache on vs off at its precisions: it traces prompts that diverged there.
+    explains=lambda options: (lambda pair: pair.axis == "cache" and pair.a.precision in options["precisions"]),
+    version=3,  # 2: patches per layer from cache-off's own keys and values, share of KL recovered;
+    # 3: prompts chosen from the pairs' results (`chosen_as`)
 )

@@ -135,13 +135,13 @@ def probe_prompt(model_a, model_b, prompt: list[int], max_new_tokens: int, eos: 
     return {"steps": steps, "layers": layers, "grafting": grafting, "lens": lens}
 
 
-def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path, pair_files=()) -> dict[str, Any]:
     """Run the precision probe for one model × benchmark and each configured precision pair."""
     def one(models, prompt, eos, pad, stop):
         return probe_prompt(*models, prompt, job.max_new_tokens, eos, pad, int(job.options["flips"]), stop)
 
     variants = [({"a": a, "b": b}, (a, b)) for a, b in job.options["pairs"]]
-    return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one)
+    return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one, pair_files)
 
 
 def _mean_over_prompts(layers: pd.DataFrame) -> pd.DataFrame:
@@ -167,7 +167,10 @@ PROBE = Probe(
                   "description": "graft at the first N flip steps of each prompt"},
     },
     aggregate={"layers": _mean_over_prompts},
-    version=4,  # 2: σz head/body split, grafting both ways from own caches, lens per prompt group;
+    version=5,  # 2: σz head/body split, grafting both ways from own caches, lens per prompt group;
     # 3: the lens at the first token of every prompt, Agreed prompts at mid-generation;
-    # 4: the directional perturbation split into head and body (App. XII)
+    # 4: the directional perturbation split into head and body (App. XII);
+    # 5: prompts chosen from the pairs' results (`chosen_as`)
+    explains=lambda options: (lambda pair: pair.axis == "precision" and any(
+        {pair.a.precision, pair.b.precision} == set(p) for p in options["pairs"])),
 )
