@@ -184,14 +184,25 @@ SHIPPED_PLANS = {
         # pairs: 508) and default vs 2 per precision (8). The testbed grid adds 7 interventions
         # x 2 precisions on TinyLlama/GSM8K (14 cells: 1,030) and their 7 precision pairs (515);
         # C_gated vs fp32_oracle at bs1 adds 2 intervention pairs per (model, benchmark) (504).
-        cells=1030, pairs={"precision": 515, "batch_size": 144, "intervention": 504, "repeat": 8},
+        # The §6.1, §8.1 and App. VI arms: strict determinism (bf16, fp16 on TinyLlama/GSM8K:
+        # 2 cells, 1 precision pair, 2 deterministic pairs), FlashAttention-2 ({none, C_gated}
+        # x 2 precisions: 4 cells, 2 precision, 2 intervention, 4 attention pairs) and the chat
+        # template (2 models x 2 precisions x {none, C_gated} on gsm8k_chat: 8 cells, 4
+        # precision, 4 intervention pairs): 1,044 cells; precision 522, intervention 510.
+        cells=1044, pairs={"precision": 522, "batch_size": 144, "intervention": 510, "repeat": 8,
+                           "deterministic": 2, "attention": 4},
         cell_ids=["tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-fp32_oracle",
                   "r1-distill-qwen-7b/math500/fp16-on-bs8-greedy-C_gated",
                   "qwen2.5-3b-instruct/humaneval/bf16-on-bs2-greedy-none",
                   "olmoe-1b-7b/mbpp/fp16-on-bs1-greedy-C_gated",
                   "tinyllama-1.1b-chat/gsm8k/fp16-on-bs1-greedy-none-repeat=2",
-                  "tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-fp8_emulated_C"],
+                  "tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-fp8_emulated_C",
+                  "tinyllama-1.1b-chat/gsm8k/fp16-on-bs1-greedy-none-deterministic=on",
+                  "tinyllama-1.1b-chat/gsm8k/bf16-on-bs1-greedy-C_gated-attention=flash_attention_2",
+                  "qwen2.5-3b-instruct/gsm8k_chat/fp16-on-bs1-greedy-C_gated"],
         absent_cell_ids=["mistral-7b/mbpp/bf16-on-bs4-greedy-sharpen",
+                         "tinyllama-1.1b-chat/gsm8k_chat/bf16-on-bs1-greedy-none",
+                         "qwen2.5-3b-instruct/gsm8k_chat/bf16-on-bs8-greedy-none",
                          "tinyllama-1.1b-chat/mbpp/bf16-on-bs1-greedy-consensus",
                          "qwen2.5-7b-instruct/gsm8k/fp16-on-bs1-greedy-none-repeat=2"],
         pair_ids=["llama3.2-3b-instruct/mbpp/precision/bf16_vs_fp16/x-on-bs1-greedy-global_fp32",
@@ -200,7 +211,11 @@ SHIPPED_PLANS = {
                   "qwen2.5-1.5b-instruct/gsm8k/intervention/none_vs_C_gated/bf16-on-bs8-greedy-x",
                   "tinyllama-1.1b-chat/math500/repeat/default_vs_2/bf16-on-bs1-greedy-none-repeat=x",
                   "tinyllama-1.1b-chat/gsm8k/precision/bf16_vs_fp16/x-on-bs1-greedy-consensus",
-                  "olmoe-1b-7b/humaneval/intervention/C_gated_vs_fp32_oracle/fp16-on-bs1-greedy-x"],
+                  "olmoe-1b-7b/humaneval/intervention/C_gated_vs_fp32_oracle/fp16-on-bs1-greedy-x",
+                  "tinyllama-1.1b-chat/gsm8k/deterministic/default_vs_on/bf16-on-bs1-greedy-none-deterministic=x",
+                  "tinyllama-1.1b-chat/gsm8k/precision/bf16_vs_fp16/x-on-bs1-greedy-none-deterministic=on",
+                  "tinyllama-1.1b-chat/gsm8k/attention/default_vs_flash_attention_2/fp16-on-bs1-greedy-C_gated-attention=x",
+                  "llama3.2-3b-instruct/gsm8k_chat/intervention/none_vs_C_gated/bf16-on-bs1-greedy-x"],
         absent_pair_ids=["mistral-7b/gsm8k/batch_size/1_vs_8/bf16-on-x-greedy-sharpen",
                          "mistral-7b/gsm8k/batch_size/1_vs_4/bf16-on-x-greedy-none",
                          "mistral-7b/gsm8k/intervention/none_vs_global_fp32/bf16-on-bs8-greedy-x"]),
@@ -252,3 +267,21 @@ def test_the_schema_names_every_tiny_architecture():
 
     source = cfg.schema()["properties"]["models"]["additionalProperties"]
     assert "olmoe" in json.dumps(source) and all(f'"{arch}"' in json.dumps(source) for arch in TINY_ARCHITECTURES)
+
+
+def test_the_paper_configs_probe_the_models_the_papers_traced_from_their_diverged_prompts():
+    """arXiv 2609.26621 traced TinyLlama (App. II) and Qwen2.5-3B (App. III) on the three
+    benchmarks its traceback replicates on; each probe job chooses its prompts from the
+    plain BF16-vs-FP16 pair of its model and benchmark. The KV-cache paper's probe explains
+    cache on vs off at FP16 and FP32."""
+    from tokenflip.plan import probe_job, probe_targets
+
+    c = cfg.load(REPO / "config" / "paper-precision.yaml")
+    targets = probe_targets(c)
+    assert targets == [("precision", m, b) for m in ("tinyllama-1.1b-chat", "qwen2.5-3b-instruct")
+                       for b in ("gsm8k", "humaneval", "mbpp")]
+    for target in targets:
+        assert probe_job(c, *target).explains == [f"{target[1]}/{target[2]}/precision/bf16_vs_fp16/x-on-bs1-greedy-none"]
+    kv = cfg.load(REPO / "config" / "paper-kv-cache.yaml")
+    assert probe_job(kv, "kv_cache", "gemma2-2b", "gsm8k").explains == [
+        "gemma2-2b/gsm8k/cache/on_vs_off/fp16-x-bs1-greedy-none", "gemma2-2b/gsm8k/cache/on_vs_off/fp32-x-bs1-greedy-none"]

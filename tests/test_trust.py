@@ -391,7 +391,7 @@ def test_probe_tables_of_an_earlier_probe_version_are_refused_and_rescheduled(fi
     proc = _summarize(workdir, finished_tiny_study.config)
     assert proc.returncode == 1
     line = next(line for line in proc.stderr.splitlines() if "kv_cache/patching.parquet" in line)
-    assert "settings.version = '<absent>', but the config asks for 2" in line
+    assert "settings.version = '<absent>', but the config asks for 3" in line
     # What Snakemake recorded for those outputs when an earlier tokenflip made them: the
     # job spec without `version`. The current spec differs, so the probe is made again.
     import base64

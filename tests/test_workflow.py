@@ -150,10 +150,11 @@ def test_full_run_then_adding_a_model_reruns_only_its_jobs(tmp_path):
 @pytest.mark.parametrize("config, expected", [
     ("paper-kv-cache.yaml", {"prepare_model": 3, "check_prompts": 3, "generate": 24, "compare": 18,
                              "probe_kv_cache": 3, "summarize": 1, "report": 1, "all": 1}),
-    # 9 models x 4 benchmarks: the cells and pairs counted in test_plan_config; one prompt
-    # check and one precision probe per model and benchmark.
-    ("paper-precision.yaml", {"prepare_model": 9, "check_prompts": 36, "generate": 1030, "compare": 1171,
-                              "probe_precision": 36, "summarize": 1, "report": 1, "all": 1}),
+    # 9 models x 4 bare benchmarks and 2 models on the chat-template GSM8K: the cells and
+    # pairs counted in test_plan_config; one prompt check per model and benchmark it runs;
+    # the precision probe on the 2 models the paper traced x 3 benchmarks.
+    ("paper-precision.yaml", {"prepare_model": 9, "check_prompts": 38, "generate": 1044, "compare": 1190,
+                              "probe_precision": 6, "summarize": 1, "report": 1, "all": 1}),
 ])
 def test_paper_config_dry_run(tmp_path, config, expected):
     """The paper configs schedule their whole study without a GPU or the hub (dry run)."""
