@@ -86,7 +86,7 @@ def test_orders_of_magnitude_compare_kl_with_kl():
 def test_the_paper_table_puts_each_headline_beside_ours_or_says_it_is_missing():
     import pandas as pd
 
-    from tokenflip.paper import comparison_rows
+    from tokenflip.paper import Study, Tables, comparison_rows
 
     pairs = pd.DataFrame([{"status": "done", "axis": "cache", "a": "on", "b": "off", "precision": "fp16",
                            "decoding": "greedy", "intervention": "none", "batch_size": 1.0, "model": "m",
@@ -95,9 +95,10 @@ def test_the_paper_table_puts_each_headline_beside_ours_or_says_it_is_missing():
                           {"status": "done", "axis": "precision", "a": "bf16", "b": "fp16", "precision": None,
                            "decoding": "greedy", "intervention": "none", "batch_size": 1.0, "model": "m",
                            "n_prompts": 10, "n_diverged": 6, "accuracy_a": 0.5, "accuracy_b": 0.5,
-                           "median_first_div_step": 12.0}])
-    rows = {r["claim"]: r for r in comparison_rows(pairs, pd.DataFrame(), "cpu", {"C_gated"})}
-    fp16 = rows["token divergence, cache ON vs OFF, FP16 greedy"]
+                           "median_first_div_step": 12.0}]).assign(pair_id=["p0", "p1"])
+    first = pd.DataFrame({"pair_id": "p1", "model": "m", "first_div_step": [10.0, 12.0, 14.0]})
+    rows = {r["claim"]: r for r in comparison_rows(Tables(pairs=pairs, first_divergence=first), Study(), "cpu")}
+    fp16 = rows["token divergence, cache ON vs OFF, FP16"]
     assert (fp16["paper_figure"], fp16["ours"]) == ("100%", "40%") and "n = 10" in fp16["our_conditions"]
     assert rows["cache ON more accurate"]["ours"] == "1 of 1"
     assert rows["prompts whose greedy output differs, BF16 vs FP16"]["ours"] == "60%"
@@ -129,7 +130,7 @@ def test_the_paper_table_reads_the_mechanism_probes_by_the_papers_definitions():
     counts in the direction the state went, KL recovered is the median per patch."""
     import pandas as pd
 
-    from tokenflip.paper import ProbeTables, comparison_rows
+    from tokenflip.paper import Study, Tables, comparison_rows
 
     steps = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "flip": [True, False], "sigma_z": [3.0, 1.0],
                           "sigma_z_head": [3.0, 0.0], "sigma_z_body": [0.0, 1.0], "margin_a": [0.1, 2.0],
@@ -151,8 +152,7 @@ def test_the_paper_table_reads_the_mechanism_probes_by_the_papers_definitions():
                              "kind": ["none", "residual stream", "kv cache"] * 2,
                              "kl_recovered": [0.0, 0.1, 1.0, 0.0, 0.3, 1.0]})
     rows = {r["claim"]: r["ours"] for r in comparison_rows(
-        pd.DataFrame(), pd.DataFrame(), "cpu", set(),
-        ProbeTables(precision_steps=steps, lens=lens, grafting=grafting, kv_patching=patching))}
+        Tables(precision_steps=steps, lens=lens, grafting=grafting, kv_patching=patching), Study(), "cpu")}
     assert rows["LM head's share of the per-logit perturbation"] == "90%"  # 9 / (9 + 1)
     assert rows["median top-2 margin, Diverged vs Agreed prompts"] == "0.03 vs 6"
     assert rows["lens margin from first to last layer, Diverged; Agreed"] == "0.3 → 0.03; 2.5 → 6"
@@ -174,19 +174,25 @@ def test_only_the_gated_head_alone_counts_as_the_papers_c():
     assert gated_c_labels(config) == {"C", "C_head"}
 
 
-def test_the_body_projection_row_compares_flip_and_other_steps_by_hand():
-    """App. XII: |body projection| at flip steps [0.1, 0.2, 0.3] against other steps
-    [0.15, 0.25, 0.35]: medians 0.2 and 0.25; Mann–Whitney U = 3 of 9 pairs, whose exact
-    two-sided p for 3 + 3 values is 2 · P(U ≤ 3) = 2 · 7/20 = 0.7. Margins: median 0.01 at
-    flips, 5 elsewhere."""
+def test_the_body_projection_row_compares_diverged_and_agreed_traced_steps_by_hand():
+    """App. XII, Table 20: |body projection| at the Diverged prompts' traced steps (their
+    first flips) [0.1, 0.2, 0.3] against the Agreed prompts' [0.15, 0.25, 0.35]: medians
+    0.2 and 0.25; Mann–Whitney U = 3 of 9 pairs, whose exact two-sided p for 3 + 3 values
+    is 2 · P(U ≤ 3) = 2 · 7/20 = 0.7. Margins: median 0.01 at the flips, 5 elsewhere. A
+    step the probe did not trace (step 9 of p1, a large projection) is not in it."""
     import pandas as pd
 
-    from tokenflip.paper import ProbeTables, comparison_rows
+    from tokenflip.paper import Study, Tables, comparison_rows
 
-    steps = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "flip": [True] * 3 + [False] * 3,
-                          "directional_body": [0.1, -0.2, 0.3, 0.15, 0.25, -0.35],
-                          "margin_a": [0.01, 0.02, 0.005, 5.0, 4.0, 6.0]})
-    rows = {r["claim"]: r["ours"] for r in comparison_rows(pd.DataFrame(), pd.DataFrame(), "cpu", set(),
-                                                             ProbeTables(precision_steps=steps))}
-    assert rows["body projection, flip vs other steps; their margins"] == \
+    ids = ["p1", "p2", "p3", "q1", "q2", "q3"]
+    steps = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "prompt_id": ids + ["p1"], "step": [4] * 6 + [9],
+                          "flip": [True] * 3 + [False] * 4, "sigma_z": 0.01,
+                          "directional_body": [0.1, -0.2, 0.3, 0.15, 0.25, -0.35, 50.0],
+                          "margin_a": [0.01, 0.02, 0.005, 5.0, 4.0, 6.0, 1.0]})
+    lens = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "prompt_id": ids, "step": 4, "layer": 0,
+                         "group": ["diverged"] * 3 + ["agreed"] * 3})
+    rows = {r["claim"]: r for r in comparison_rows(Tables(precision_steps=steps, lens=lens), Study(), "cpu")}
+    assert rows["body projection, Diverged vs Agreed steps; their margins"]["ours"] == \
         "0.2 vs 0.25 (Mann–Whitney p = 0.7); margins 0.01 vs 5"
+    assert "3 Diverged + 3 Agreed traced step(s)" in rows["body projection, Diverged vs Agreed steps; their margins"][
+        "our_conditions"]

@@ -133,6 +133,7 @@ def cell_row(cell: Cell, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any
         n_no_answer=int(verdicts.isin(["no_answer", "no_code"]).sum()),
         n_stopped=int(pc.sum(pc.equal(table.column("finish_reason"), "stop")).as_py() or 0),
         generated_tokens=int(steps),
+        max_prompt_tokens=int(pc.max(pc.list_value_length(table.column("prompt_ids"))).as_py() or 0),
         wall_seconds=float(meta["wall_seconds"]), compute_seconds=seconds,
         seconds_per_token=seconds / steps if steps else float("nan"),
         token_stream_sha256=meta["token_stream_sha256"], logits_sha256=meta["logits_sha256"],
@@ -231,7 +232,8 @@ def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, d
     return rows, first_div, agreement
 
 
-def probe_frames(config: dict[str, Any], layout: RunLayout, checked: Checked) -> dict[str, pd.DataFrame]:
+def probe_frames(config: dict[str, Any], layout: RunLayout, checked: Checked,
+                 pairs: list[Pair] | None = None) -> dict[str, pd.DataFrame]:
     """Every probe table of every model × benchmark, concatenated per probe and table and
     reduced as the probe says; a table made with other settings is refused."""
     from .probes import PROBES
@@ -240,7 +242,7 @@ def probe_frames(config: dict[str, Any], layout: RunLayout, checked: Checked) ->
                                              for name in probe.summary_tables()}
     for probe_name, model, bench in probe_targets(config):
         probe = PROBES[probe_name]
-        expected = probe_job(config, probe_name, model, bench).to_json()
+        expected = probe_job(config, probe_name, model, bench, pairs).to_json()
         for table_name in probe.tables:
             path = layout.probe_table(probe_name, model, bench, table_name)
             if not Path(path).exists():
@@ -369,7 +371,7 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
             "margin_a_at_div", "margin_b_at_div"]),
         "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df, metas, planned_pairs)),
         "environment": pd.DataFrame(environment_rows(metas), columns=["kind", "name", "json"]),
-        **probe_frames(config, layout, checked),
+        **probe_frames(config, layout, checked, planned_pairs),
     }
     return frames, checked
 
