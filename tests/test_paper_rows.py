@@ -139,3 +139,14 @@ def test_the_readme_says_what_each_row_is_computed_over():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     missing = [row.claim for row in ROWS if f"| {row.claim} | {row.population()} |" not in readme]
     assert not missing, missing
+
+
+def test_the_cost_per_trigger_divides_the_extra_compute_by_the_trigger_rate():
+    """§4.2: per model × benchmark × precision, C adds 0.004 s a token firing on 1% of
+    steps (0.4 s a trigger), B adds 0.0001 s at 1% (0.01 s): 40×."""
+    cells = pd.DataFrame([{**PLAIN, "model": TINY, "precision": "bf16", "intervention": name,
+                           "seconds_per_token": spt, "trigger_rate": rate}
+                          for name, spt, rate in (("none", 0.05, 0.0), ("B8", 0.0501, 0.01), ("C_gated", 0.054, 0.01))])
+    study = Study(identity=STUDY.identity, kind={"gsm8k": "gsm8k"}, format={"gsm8k": "bare"},
+                  c_labels=frozenset({"C_gated"}), b8_labels=frozenset({"B8"}))
+    assert rows(Tables(cells=cells), study)["cost per trigger, whole head (C) over top-8 (B)"]["ours"] == "40×"

@@ -418,6 +418,26 @@ def _matched_pairs(rows: pd.DataFrame, study: Study) -> dict[str, Any]:
     return out
 
 
+def _cost_per_trigger(rows: pd.DataFrame, study: Study) -> dict[str, Any]:
+    """§4.2: the extra compute of an intervention per step it fired on, (seconds per token
+    with it − without) / trigger rate, for C (the whole head in FP32) over B with K = 8,
+    per model × benchmark × precision that has all three cells."""
+    out = {}
+    for key, g in rows.groupby(["model", "benchmark", "precision"], sort=True):
+        per = g.set_index("intervention")
+        base = per.loc[per.index.isin(study.none), "seconds_per_token"]
+        costs = {}
+        for name, labels in (("B", study.b8_labels), ("C", study.c_labels)):
+            hit = per.loc[per.index.isin(labels)]
+            if len(base) and len(hit) and float(hit["trigger_rate"].iloc[0]) > 0:
+                costs[name] = (float(hit["seconds_per_token"].iloc[0]) - float(base.iloc[0])) / float(
+                    hit["trigger_rate"].iloc[0])
+        if len(costs) == 2:
+            out[" / ".join(map(str, key))] = (f"{costs['C'] / costs['B']:.3g}×" if costs["B"] > 0
+                                              else "B's cost within the noise")
+    return out
+
+
 def _prompt_length(rows: pd.DataFrame) -> str:
     return f"up to {int(rows['max_prompt_tokens'].max())} tokens"
 
@@ -533,6 +553,9 @@ ROWS: tuple[Row, ...] = (
         bare=True, select={"intervention": "C", "batch_size": 8}, show="range"),
     Row(PRECISION, "gated FP32 head (C) with FlashAttention-2", "remains positive", "§1, §8.1", "interventions",
         _lift, fmt=_pp, bare=True, select={"intervention": "C", "attention": "flash_attention_2"}),
+    Row(PRECISION, "cost per trigger, whole head (C) over top-8 (B)", "≈ 4000×", "§4.2", "cells", len, fmt=str,
+        select={"intervention": ANY, "precision": ANY}, bare=True, across=_cost_per_trigger,
+        detail=lambda r: "extra compute time per token ÷ trigger rate, from the cells"),
     Row(PRECISION, "prompt length where head-only repair stops sufficing", "≈ 850 tokens",
         "TinyLlama, estimated, §I.5", "cells", _prompt_length, fmt=str, models=_TINY, select={"precision": ANY},
         detail=lambda r: "the longest prompt of this run (beyond the boundary, C's lift should fade)"),
