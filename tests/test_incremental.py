@@ -144,7 +144,9 @@ def test_editing_a_rule_command_does_not_rerun_gpu_jobs(finished_tiny_study, tmp
 
     proc, jobs = dry_run(finished_tiny_study, tiny_study(), tmp_path, "--rerun-triggers", "mtime", "params",
                          "input", "code", snakefile=snakefile)
+    # The KV-cache probes choose their prompts from those cache pairs: they follow them.
     expected = {("generate", c) for c in cells} | AGGREGATION | {
-        pair(bench, "cache", "on", "off", "fp32-x-bs1-greedy-none") for bench in ("arith_a", "arith_b")}
+        pair(bench, "cache", "on", "off", "fp32-x-bs1-greedy-none") for bench in ("arith_a", "arith_b")} | {
+        ("probe", f"results/inc/probes/tiny/{bench}/kv_cache") for bench in ("arith_a", "arith_b")}
     assert set(jobs) == expected and len(jobs) == len(expected)
     assert "code has changed since last execution" in (proc.stdout + proc.stderr).lower()

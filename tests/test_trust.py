@@ -398,7 +398,7 @@ def test_probe_tables_of_an_earlier_probe_version_are_refused_and_rescheduled(fi
     for record in (workdir / ".snakemake" / "metadata").iterdir():
         if "/probes/" in base64.b64decode(record.name.replace("@", "/")).decode(errors="replace"):
             data = json.loads(record.read_text())
-            data["params"] = [p.replace(', "version": 2', "") if isinstance(p, str) else p for p in data["params"]]
+            data["params"] = [p.replace(', "version": 3', "") if isinstance(p, str) else p for p in data["params"]]
             record.write_text(json.dumps(data))
     dry = run_snakemake(workdir, finished_tiny_study.config, "-n")
     assert {rule for rule, _ in scheduled_jobs(dry.stdout)} >= {"probe_kv_cache", "summarize", "report"}
