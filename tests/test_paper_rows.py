@@ -84,6 +84,8 @@ def test_repeats_other_kernels_batch_sizes_and_chat_prompts_never_enter_the_bf16
     got = rows(Tables(pairs=pairs))
     row = got["prompts whose greedy output differs, BF16 vs FP16"]
     assert row["ours"] == "60%" and "1 pair(s), n = 10" in row["our_conditions"]
+    # App. VII is about MATH-500's longer chains: GSM8K never stands in for it.
+    assert got["BF16 vs FP16 divergence on MATH-500"]["ours"] == "–"
     repeat = pd.DataFrame([{**PLAIN, "axis": "repeat", "a": "default", "b": "2", "repeat": None, "precision": p,
                             "model": TINY, "n_prompts": 10, "n_diverged": 0, "pair_id": p} for p in ("bf16", "fp16")])
     assert rows(Tables(pairs=repeat))["within-precision repeat: exact agreement"]["ours"] == "100%"

@@ -118,18 +118,7 @@ def test_duplicate_keys_in_yaml_are_refused(tmp_path):
 
 # Each shipped config's plan, counted by hand from its grids and comparisons.
 #
-# config/config.yaml: 1 model x 1 benchmark.
-#   cells: grid 1: fp32/bf16/fp16, on, bs1 = 3; grid 2: fp32/bf16, off, bs1 = 2;
-#          grid 3: fp32/bf16/fp16, on, bs4 = 3; grid 4: bf16/fp16, on, bs1, C_gated = 2;
-#          grid 5: bf16, on, bs1, eager = 1; all distinct: 3 + 2 + 3 + 2 + 1 = 11.
-#   pairs: cache on/off: fp32-bs1, bf16-bs1 = 2 (no fp16 off cell);
-#          precision bf16/fp16: on-bs1-none, on-bs4-none, on-bs1-C_gated = 3 (bf16 off and
-#            bf16 eager have no fp16 partner);
-#          precision fp32/bf16: on-bs1, off-bs1, on-bs4 = 3;
-#          precision fp32/fp16: on-bs1, on-bs4 = 2 (no fp16 off cell);
-#          batch size 1/4: fp32, bf16, fp16 on-none = 3 (C_gated, off and eager have no bs4);
-#          attention default/eager: bf16-on-bs1-none = 1;
-#          precision 3 + 3 + 2 = 8; total 2 + 8 + 3 + 1 = 14.
+# config/config.yaml: counted beside its entry below.
 # config/paper-kv-cache.yaml: 3 models x 1 benchmark.
 #   cells per model: fp16 x {on, off} x 3 decodings = 6, fp32 x {on, off} x greedy = 2; 8 x 3 = 24.
 #   pairs per model: cache on/off: fp16 x 3 decodings + fp32 greedy = 4; precision
@@ -143,25 +132,30 @@ def test_duplicate_keys_in_yaml_are_refused(tmp_path):
 #          bs8 cell); 18 x 24 = 432 (precision 14 x 24 = 336, batch size 4 x 24 = 96).
 SHIPPED_PLANS = {
     "config.yaml": dict(
-        # fp32/bf16/fp16 x cache on/off at bs1 (6) + the three at bs4 (3) + bf16/fp16 with
-        # C_gated (2) + bf16 eager (1) = 12 cells. Pairs: cache on/off per precision (3);
-        # bf16 vs fp16 at on-bs1, off-bs1, on-bs4 and with C (4), fp32 vs bf16 and fp32 vs
-        # fp16 at on-bs1, off-bs1, on-bs4 (3 + 3); bs1 vs bs4 per precision (3); none vs
-        # C_gated for bf16 and fp16 (2); default vs eager attention (1): 19.
-        cells=12, pairs={"cache": 3, "precision": 10, "batch_size": 3, "intervention": 2, "attention": 1},
-        cell_ids=["smollm2-135m/onestep/fp16-off-bs1-greedy-none",
+        # onestep_kv (the first 8 prompts): fp32/bf16/fp16 x cache on/off at bs1 (6);
+        # onestep: the three at bs1 and bs4 (6) + bf16/fp16 with C_gated (2) + bf16 eager (1)
+        # = 15 cells. Pairs on onestep_kv: cache on/off per precision (3; its precision pairs
+        # would count onestep's first 8 prompts twice: the precision comparisons name
+        # onestep). On onestep: bf16 vs fp16 at bs1, bs4 and with C (3), fp32 vs bf16 and
+        # fp32 vs fp16 at bs1 and bs4 (2 + 2); bs1 vs bs4 per precision (3); none vs C_gated
+        # for bf16 and fp16 (2); default vs eager attention (1): 16.
+        cells=15, pairs={"cache": 3, "precision": 7, "batch_size": 3, "intervention": 2, "attention": 1},
+        cell_ids=["smollm2-135m/onestep_kv/fp16-off-bs1-greedy-none",
+                  "smollm2-135m/onestep_kv/fp16-on-bs1-greedy-none",
                   "smollm2-135m/onestep/fp16-on-bs4-greedy-none",
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-none-attention=eager",
                   "smollm2-135m/onestep/fp16-on-bs1-greedy-C_gated"],
-        absent_cell_ids=["smollm2-135m/onestep/fp16-off-bs4-greedy-none",
+        absent_cell_ids=["smollm2-135m/onestep/fp16-off-bs1-greedy-none",
+                         "smollm2-135m/onestep_kv/fp16-on-bs4-greedy-none",
                          "smollm2-135m/onestep/bf16-on-bs4-greedy-C_gated"],
-        pair_ids=["smollm2-135m/onestep/cache/on_vs_off/fp16-x-bs1-greedy-none",
+        pair_ids=["smollm2-135m/onestep_kv/cache/on_vs_off/fp16-x-bs1-greedy-none",
                   "smollm2-135m/onestep/precision/bf16_vs_fp16/x-on-bs1-greedy-C_gated",
-                  "smollm2-135m/onestep/precision/fp32_vs_bf16/x-off-bs1-greedy-none",
+                  "smollm2-135m/onestep/precision/fp32_vs_bf16/x-on-bs4-greedy-none",
                   "smollm2-135m/onestep/batch_size/1_vs_4/fp16-on-x-greedy-none",
                   "smollm2-135m/onestep/intervention/none_vs_C_gated/bf16-on-bs1-greedy-x",
                   "smollm2-135m/onestep/attention/default_vs_eager/bf16-on-bs1-greedy-none-attention=x"],
-        absent_pair_ids=["smollm2-135m/onestep/cache/on_vs_off/fp16-x-bs4-greedy-none",
+        absent_pair_ids=["smollm2-135m/onestep/cache/on_vs_off/fp16-x-bs1-greedy-none",
+                         "smollm2-135m/onestep_kv/precision/fp32_vs_bf16/x-off-bs1-greedy-none",
                          "smollm2-135m/onestep/intervention/none_vs_C_gated/fp32-on-bs1-greedy-x"]),
     "paper-kv-cache.yaml": dict(
         cells=24, pairs={"cache": 12, "precision": 6},
@@ -285,3 +279,16 @@ def test_the_paper_configs_probe_the_models_the_papers_traced_from_their_diverge
     kv = cfg.load(REPO / "config" / "paper-kv-cache.yaml")
     assert probe_job(kv, "kv_cache", "gemma2-2b", "gsm8k").explains == [
         "gemma2-2b/gsm8k/cache/on_vs_off/fp16-x-bs1-greedy-none", "gemma2-2b/gsm8k/cache/on_vs_off/fp32-x-bs1-greedy-none"]
+
+
+def test_a_comparison_can_be_restricted_to_some_models_and_benchmarks():
+    """A benchmark whose prompts repeat another's (the default's cache-off arm) is left out
+    of a comparison that names the other; a name that is not defined is refused."""
+    c = copy.deepcopy(BASE)
+    c["benchmarks"]["other"] = {"kind": "arithmetic", "n": 2}
+    c["comparisons"] = [{"axis": "cache", "a": "on", "b": "off", "benchmarks": ["other"]}]
+    pairs = expand_pairs(cfg.validate(c), expand_cells(cfg.validate(c)))
+    assert pairs and {p.a.benchmark for p in pairs} == {"other"}
+    c["comparisons"][0]["models"] = ["nope"]
+    with pytest.raises(cfg.ConfigError, match=r"comparisons.0.models: 'nope' is not defined under 'models'"):
+        cfg.validate(c)

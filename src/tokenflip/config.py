@@ -257,6 +257,12 @@ def _semantic_problems(config: dict[str, Any]):
             if v not in values[axis]:
                 yield (f"comparisons.{i}.{side}: {comp[side]!r} is not a value of axis '{axis}' "
                        f"in any grid (values: {sorted(map(str, values[axis]))})")
+    for i, comp in enumerate(config["comparisons"]):
+        for key in ("models", "benchmarks"):
+            for name in comp.get(key, []):
+                if name not in config[key]:
+                    yield (f"comparisons.{i}.{key}: {name!r} is not defined under '{key}' "
+                           f"(defined: {sorted(config[key])})")
     for probe, spec in config.get("probes", {}).items():
         for key in ("models", "benchmarks"):
             for name in spec.get(key, []):

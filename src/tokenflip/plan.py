@@ -45,12 +45,16 @@ def _side(axis: str, value: Any) -> Any:
 
 
 def pairs_of_comparison(comparison: dict[str, Any], cells: Iterable[Cell]) -> list[Pair]:
-    """Every pair of existing cells that differ only in the comparison's axis, a then b."""
+    """Every pair of existing cells that differ only in the comparison's axis, a then b (of
+    the comparison's `models` and `benchmarks` only, where it names them)."""
     axis = comparison["axis"]
     a_val, b_val = _side(axis, comparison["a"]), _side(axis, comparison["b"])
     cell_set = set(cells)
     pairs = []
     for cell in sorted(cell_set):
+        if any(key in comparison and value not in comparison[key]
+               for key, value in (("models", cell.model), ("benchmarks", cell.benchmark))):
+            continue
         if cell.value(axis) == a_val:
             other = replace(cell, **{axis: b_val})
             if other in cell_set:

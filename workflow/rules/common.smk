@@ -39,6 +39,11 @@ def cell_of(wildcards):
     return Cell.from_name(wildcards.model, wildcards.benchmark, wildcards.cell)
 
 
+def generate_priority(wildcards):
+    """Cache-off cells first: they are the longest jobs, so the others fill in beside them."""
+    return 1 if cell_of(wildcards).cache == "off" else 0
+
+
 def cell_job_json(wildcards):
     return cell_job(config, cell_of(wildcards)).dumps()
 

@@ -1,5 +1,6 @@
 # One job per cell. A cell on a GPU holds one `gpu` token, so `--resources gpu=N` bounds
-# how many run at once; CPU cells hold none and run one thread each, side by side.
+# how many run at once; CPU cells hold none and run one thread each, side by side. Cells
+# without a cache, the longest by far (every step recomputes the whole sequence), start first.
 
 
 rule generate:
@@ -13,6 +14,7 @@ rule generate:
     log:
         LAYOUT.log("generate", "{model}/{benchmark}/{cell}"),
     threads: generate_threads
+    priority: generate_priority
     resources:
         gpu=gpu_tokens,
     conda:
