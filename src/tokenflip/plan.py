@@ -114,17 +114,10 @@ def probe_pairs(config: dict[str, Any], probe: str, model: str, benchmark: str,
     pairs a `select: diverged` probe chooses its prompts from."""
     from .probes import PROBES
 
-    options = {**_probe_defaults(probe), **config["probes"][probe]}
-    wanted = PROBES[probe].explains(options)
+    wanted = PROBES[probe].explains(config["probes"][probe])  # validated: option defaults filled in
     pairs = pairs if pairs is not None else expand_pairs(config, expand_cells(config))
     return [pair for pair in pairs if pair.a.model == model and pair.a.benchmark == benchmark and wanted(pair)
             and at_defaults(config, pair.a, (pair.axis, "precision"))]
-
-
-def _probe_defaults(probe: str) -> dict[str, Any]:
-    from .probes import PROBES
-
-    return {key: spec["default"] for key, spec in PROBES[probe].options.items() if "default" in spec}
 
 
 def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str,
@@ -135,7 +128,7 @@ def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str,
 
     spec = config["probes"][probe]
     bench = config["benchmarks"][benchmark]
-    select = spec.get("select", "diverged")
+    select = spec["select"]
     explains = sorted(p.id for p in probe_pairs(config, probe, model, benchmark, pairs)) if select == "diverged" else []
     return ProbeJob(
         probe=probe,

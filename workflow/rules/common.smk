@@ -77,17 +77,27 @@ def pair_id(wildcards):
     return pair_of(wildcards).id
 
 
+_PROBE_JOBS = {}
+
+
+def _probe_job(probe, wildcards):
+    """A probe job, made once (its params and its inputs both need it)."""
+    key = (probe, wildcards.model, wildcards.benchmark)
+    if key not in _PROBE_JOBS:
+        _PROBE_JOBS[key] = probe_job(config, *key, PAIRS)
+    return _PROBE_JOBS[key]
+
+
 def probe_job_json(probe):
     def lookup(wildcards):
-        return probe_job(config, probe, wildcards.model, wildcards.benchmark, PAIRS).dumps()
+        return _probe_job(probe, wildcards).dumps()
     return lookup
 
 
 def probe_pair_files(probe):
     """The pair results a probe job chooses its prompts from (none with `select: first`)."""
     def lookup(wildcards):
-        job = probe_job(config, probe, wildcards.model, wildcards.benchmark, PAIRS)
-        return [LAYOUT.pair(pair_id) for pair_id in job.explains]
+        return [LAYOUT.pair(pair_id) for pair_id in _probe_job(probe, wildcards).explains]
     return lookup
 
 
