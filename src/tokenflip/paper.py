@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from .jobs import EXTRA_AXES
+from .plan import plain_values
 
 KV = "arXiv 2604.15409 (KV cache, FP16)"
 PRECISION = "arXiv 2609.26621 (BF16 vs FP16)"
@@ -581,8 +581,8 @@ def _at_defaults(frame: pd.DataFrame, row: Row, study: Study) -> pd.DataFrame:
     select = dict(row.select)
     if select.get("intervention") == "C":
         select["intervention"] = tuple(study.c_labels) or ("<none>",)
-    defaults: dict[str, Any] = {"cache": "on", "batch_size": 1, "decoding": tuple(study.greedy) or ("<none>",),
-                                "intervention": tuple(study.none), **EXTRA_AXES}
+    defaults: dict[str, Any] = plain_values(study.greedy, study.none)
+    defaults["decoding"] = defaults["decoding"] or ("<none>",)
     keep = pd.Series(True, index=frame.index)
     between = select.pop("between", None)
     if between is not None:

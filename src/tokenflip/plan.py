@@ -97,14 +97,24 @@ def probe_targets(config: dict[str, Any]) -> list[tuple[str, str, str]]:
             for bench in configured[probe].get("benchmarks", config["benchmarks"])]
 
 
+def plain_values(greedy: Iterable[str], none: Iterable[str]) -> dict[str, tuple]:
+    """The plain setting, per axis (the values a cell has when nothing is varied): cache on,
+    batch size 1, a greedy decoding, no intervention, every further axis at its default.
+    `greedy` / `none`: the config's labels of greedy decoding and of no intervention."""
+    return {"cache": ("on",), "batch_size": (1,), "decoding": tuple(sorted(greedy)),
+            "intervention": tuple(sorted(none)), **{axis: (default,) for axis, default in EXTRA_AXES.items()}}
+
+
+def config_plain_values(config: dict[str, Any]) -> dict[str, tuple]:
+    """`plain_values` with the config's own labels."""
+    return plain_values((d for d, s in config.get("decoding", {}).items() if s.get("strategy") == "greedy"),
+                        (i for i, s in config.get("interventions", {}).items() if s.get("kind") == "none"))
+
+
 def at_defaults(config: dict[str, Any], cell: Cell, except_axes: tuple[str, ...] = ()) -> bool:
-    """Whether a cell's axes are the plain setting (cache on, batch size 1, greedy, no
-    intervention, every further axis at its default), but for `except_axes`."""
-    plain = {"cache": lambda v: v == "on", "batch_size": lambda v: v == 1,
-             "decoding": lambda v: config.get("decoding", {}).get(v, {}).get("strategy") == "greedy",
-             "intervention": lambda v: config.get("interventions", {}).get(v, {}).get("kind") == "none",
-             **{axis: (lambda v, d=default: v == d) for axis, default in EXTRA_AXES.items()}}
-    return all(test(cell.value(axis)) for axis, test in plain.items() if axis not in except_axes)
+    """Whether a cell's axes are the plain setting (`plain_values`), but for `except_axes`."""
+    return all(cell.value(axis) in values for axis, values in config_plain_values(config).items()
+               if axis not in except_axes)
 
 
 def probe_pairs(config: dict[str, Any], probe: str, model: str, benchmark: str,
