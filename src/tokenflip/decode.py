@@ -5,7 +5,9 @@ cache on and off, left-padded batches): same inputs per step (prefill then one t
 a DynamicCache, or the whole prefix every step without a cache), same position ids,
 same mask handling, same fp32 copy of the last-position logits. Owning the loop is what
 lets probes and interventions run the exact computation of free generation, and lets us
-record per-step statistics without changing it.
+record per-step statistics without changing it. The cache's form (static, quantized,
+chunked prefill, a shared prefix, a compiled forward: `caches.CacheForm`) is an input like
+the cache itself, and each form equals `generate()` with the same option.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+
+from .caches import CacheForm, Prefix
 
 # (fp32 logits [B, V], step) -> chosen token ids [B]
 TokenSelector = Callable[[torch.Tensor, int], torch.Tensor]
@@ -104,9 +108,8 @@ def step_statistics(logits: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
 
 
 def _new_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config.get_text_config(decoder=True))
+    """The default cache (transformers' DynamicCache), for probes that step by hand."""
+    return CacheForm().new_cache(model, 0)
 
 
 class _Sequences:
@@ -125,6 +128,13 @@ class _Sequences:
         if use_cache and step > 0:
             return self.ids[:, -1:], self.positions[:, -1:]
         return self.ids, self.positions
+
+    def chunks(self, start: int, size: int | None) -> list[tuple[int, int]]:
+        """The prefill's token ranges after a cached prefix of `start` tokens: the rest in one
+        piece, or `size` tokens at a time (generate's `prefill_chunk_size`)."""
+        width = self.ids.shape[1]
+        size = size or width - start
+        return [(s, min(s + size, width)) for s in range(start, width, size)]
 
     def append(self, chosen: torch.Tensor) -> None:
         self.ids = torch.cat([self.ids, chosen[:, None]], dim=-1)
@@ -147,6 +157,8 @@ def decode(
     select: TokenSelector = greedy,
     hooks: StepHooks | None = None,
     stop: StopCriterion | None = None,
+    form: CacheForm = CacheForm(),
+    prefix: Prefix | None = None,
 ) -> BatchResult:
     """Generate for one left-padded batch and record every step of every row.
 
@@ -155,22 +167,49 @@ def decode(
     `max_new_tokens` ("length"). Finished rows keep receiving `pad_token_id` (as
     `generate()` does) so that the batch shape, and therefore the arithmetic of the other
     rows, is what users run.
+
+    With the cache on, `form` says how it is built (see `caches`); `prefix` is a shared
+    prefix whose cache every row starts from (one unpadded row: left padding would put pad
+    tokens before it).
     """
     device = model.device
     seqs = _Sequences(input_ids.to(device), attention_mask.to(device))
     batch = input_ids.shape[0]
-    cache = _new_cache(model) if use_cache else None
+    # The last token is never fed back: generate() sizes a static cache max_length - 1.
+    cache = form.new_cache(model, input_ids.shape[1] + max_new_tokens - 1) if use_cache else None
+    cached = 0
+    if prefix is not None:
+        if not use_cache or batch != 1 or seqs.mask is not None or input_ids[0, :len(prefix.ids)].tolist() != prefix.ids:
+            raise ValueError("a shared prefix needs the cache on and one unpadded row that starts with it")
+        cache, cached = prefix.fresh_cache(), len(prefix.ids)
+    forward_steps = form.forward_for_steps(model) if use_cache else model
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     generations = [Generation() for _ in range(batch)]
     start = time.perf_counter()
     steps = 0
     for step in range(max_new_tokens):
-        step_ids, step_pos = seqs.step_inputs(step, use_cache)
         if hooks is not None:
             cache = hooks.before(step, cache)
-        out = model(input_ids=step_ids, attention_mask=seqs.mask, position_ids=step_pos, cache=cache,
-                    use_cache=use_cache, logits_to_keep=1, return_dict=True)
+        if use_cache and step == 0 and (cached or form.prefill_chunk):
+            # generate() runs a chunked prefill through its compiled call when it compiles.
+            run = forward_steps if form.prefill_chunk else model
+            for lo, hi in seqs.chunks(cached, form.prefill_chunk):
+                out = run(input_ids=seqs.ids[:, lo:hi], position_ids=seqs.positions[:, lo:hi], cache=cache,
+                          attention_mask=None if seqs.mask is None else seqs.mask[:, :hi], use_cache=True,
+                          logits_to_keep=1, return_dict=True)
+                cache = out.cache
+        elif use_cache and step > 0 and form.compiled:
+            # A compiled graph is specialised on its inputs: the compiled steps take exactly the
+            # inputs generate() gives its compiled call (the library's own step preparation).
+            full_mask = seqs.mask if seqs.mask is not None else torch.ones_like(seqs.ids)
+            inputs = model.prepare_inputs_for_generation(seqs.ids, next_sequence_length=1, cache=cache,
+                                                         attention_mask=full_mask, use_cache=True)
+            out = forward_steps(**inputs, return_dict=True)
+        else:
+            step_ids, step_pos = seqs.step_inputs(step, use_cache)
+            out = model(input_ids=step_ids, attention_mask=seqs.mask, position_ids=step_pos, cache=cache,
+                        use_cache=use_cache, logits_to_keep=1, return_dict=True)
         if use_cache:
             cache = out.cache
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)

@@ -1,0 +1,199 @@
+"""The serving-engine cache forms: each equals generate() with the same option, and each
+mechanism does what it says.
+
+generate() offers every one of them (cache_implementation="static" or "quantized",
+prefill_chunk_size, a pre-filled cache passed in, a compiled forward with a static cache),
+so the anchor is the same as for the plain loop: tokens and every step's logits bitwise.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tokenflip.caches import CacheForm, CacheFormError, Prefix, kv_dtype_unavailable, shared_prefix
+from tokenflip.decode import decode, greedy, left_pad
+from tokenflip.models import load_prepared
+from tokenflip.runtime import eos_ids
+
+TEXTS = ["Tom has 3 apples and buys 4 more. How many apples does he have now? Answer:",
+         "A box holds 12 eggs. How many eggs are in 5 boxes? Answer:",
+         "Sara reads 7 pages."]
+
+
+def _batch(tokenizer, n: int):
+    prompts = [tokenizer(t)["input_ids"] for t in TEXTS[:n]]
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+    return ids, mask
+
+
+def _ours(model, tokenizer, ids, mask, form=CacheForm(), prefix=None, steps=12):
+    seen = []
+
+    def select(logits, step):
+        seen.append(logits.clone())
+        return greedy(logits, step)
+
+    out = decode(model, ids, mask, max_new_tokens=steps, use_cache=True, eos_token_ids=eos_ids(model, tokenizer),
+                 pad_token_id=tokenizer.pad_token_id, select=select, form=form, prefix=prefix)
+    return out, seen
+
+
+def _theirs(model, tokenizer, ids, mask, steps=12, **options):
+    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
+                          eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id,
+                          output_logits=True, return_dict_in_generate=True, **options)
+
+
+def _assert_same(ours, seen, ref, ids):
+    assert ours.steps == len(ref.logits)
+    for step, (mine, theirs) in enumerate(zip(seen, ref.logits)):
+        assert torch.equal(mine, theirs), f"logits differ at step {step}"
+    for row, gen in enumerate(ours.generations):
+        assert gen.token_ids == ref.sequences[row, ids.shape[1]:].tolist()[:len(gen.token_ids)]
+
+
+@pytest.fixture(scope="module")
+def llama(prepared_models):
+    model, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_static_cache_equals_generate_static(llama, rows):
+    model, tok = llama
+    model.__dict__.pop("_previous_max_cache_length", None)
+    ids, mask = _batch(tok, rows)
+    ours, seen = _ours(model, tok, ids, mask, CacheForm(impl="static"))
+    _assert_same(ours, seen, _theirs(model, tok, ids, mask, cache_implementation="static"), ids)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_chunked_prefill_equals_generate_prefill_chunk_size(llama, rows, chunk):
+    model, tok = llama
+    ids, mask = _batch(tok, rows)
+    ours, seen = _ours(model, tok, ids, mask, CacheForm(prefill_chunk=chunk))
+    _assert_same(ours, seen, _theirs(model, tok, ids, mask, prefill_chunk_size=chunk), ids)
+
+
+def test_a_chunk_longer_than_the_prompt_is_the_default_bitwise(llama):
+    model, tok = llama
+    ids, mask = _batch(tok, 3)
+    default, seen_default = _ours(model, tok, ids, mask)
+    chunked, seen_chunked = _ours(model, tok, ids, mask, CacheForm(prefill_chunk=ids.shape[1] + 7))
+    assert all(torch.equal(a, b) for a, b in zip(seen_default, seen_chunked))
+    assert [g.token_ids for g in default.generations] == [g.token_ids for g in chunked.generations]
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2", "int4"])
+def test_quantized_cache_equals_generate_with_the_same_cache(llama, kv_dtype):
+    model, tok = llama
+    ids, mask = _batch(tok, 3)
+    form = CacheForm(kv_dtype=kv_dtype)
+    ours, seen = _ours(model, tok, ids, mask, form)
+    _assert_same(ours, seen, _theirs(model, tok, ids, mask, cache=form.new_cache(model, 0)), ids)
+    if kv_dtype == "fp8_e4m3":  # the library's own "quantized" cache implementation builds the same cache
+        _assert_same(ours, seen, _theirs(model, tok, ids, mask, cache_implementation="quantized",
+                                         cache_config={"backend": "fp8"}), ids)
+    # The prefill attends to its own exact keys and values; later steps read the stored format.
+    default, seen_default = _ours(model, tok, ids, mask)
+    assert torch.equal(seen[0], seen_default[0])
+    assert not all(torch.equal(a, b) for a, b in zip(seen[1:], seen_default[1:]))
+
+
+@pytest.mark.parametrize("kv_dtype,fp8", [("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])
+def test_an_fp8_cache_holds_exactly_the_fp8_rounded_values(llama, kv_dtype, fp8):
+    """At identical inputs, what the FP8 cache gives attention back is the default cache's
+    keys and values rounded to FP8 at one per-tensor scale (amax / the format's max)."""
+    model, tok = llama
+    ids, mask = _batch(tok, 1)
+    plain, quantized = CacheForm().new_cache(model, 0), CacheForm(kv_dtype=kv_dtype).new_cache(model, 0)
+    model(input_ids=ids, cache=plain, use_cache=True)
+    model(input_ids=ids, cache=quantized, use_cache=True)
+    fmax = torch.finfo(fp8).max
+    for layer_plain, layer_q in zip(plain.layers, quantized.layers):
+        for exact, (stored, scale) in ((layer_plain.keys, layer_q._quantized_keys),
+                                       (layer_plain.values, layer_q._quantized_values)):
+            assert stored.dtype == fp8
+            assert float(scale) == pytest.approx(float(exact.abs().amax()) / fmax, rel=1e-6)
+            rounded = (exact / scale).to(fp8).float() * scale
+            assert torch.equal(layer_q._dequantize((stored, scale)), rounded.to(exact.dtype))
+            assert not torch.equal(rounded, exact)  # FP8 really rounds these values
+    assert quantized.layers[0]._quantized_keys[0].element_size() == 1
+
+
+def test_a_shared_prefix_equals_generate_from_a_copied_prefix_cache(llama):
+    model, tok = llama
+    prompts = [tok(t)["input_ids"] for t in ("The answer is four. " + TEXTS[0], "The answer is four. " + TEXTS[1])]
+    common = shared_prefix(prompts)
+    assert len(common) >= 4 and all(p[:len(common)] == common for p in prompts)
+    calls = []
+    handle = model.model.embed_tokens.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[1]))
+    prefix = CacheForm().prefix(model, common)
+    assert calls == [len(common)]
+    prefix_cache = prefix.cache
+    for prompt in prompts:
+        ids, mask = left_pad([prompt], tok.pad_token_id)
+        calls.clear()
+        ours, seen = _ours(model, tok, ids, mask, prefix=prefix)
+        assert calls[0] == len(prompt) - len(common)  # only the prompt's own tokens were prefilled
+        handle.remove()
+        _assert_same(ours, seen, _theirs(model, tok, ids, mask, cache=copy.deepcopy(prefix_cache)), ids)
+        handle = model.model.embed_tokens.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[1]))
+    handle.remove()
+    assert prefix.cache.get_seq_length() == len(common)  # each prompt started from a copy
+
+
+def test_shared_prefix_leaves_every_prompt_a_token():
+    assert shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == [1, 2]
+    assert shared_prefix([[1, 2, 3], [1, 5]]) == [1]
+    assert shared_prefix([[7, 2], [8, 2]]) == []
+    assert shared_prefix([]) == []
+
+
+def test_a_prefix_is_refused_for_padded_batches(llama):
+    model, tok = llama
+    ids, mask = _batch(tok, 2)
+    with pytest.raises(ValueError, match="one unpadded row"):
+        _ours(model, tok, ids, mask, prefix=Prefix([ids[0, 0].item()], CacheForm().new_cache(model, 0)))
+
+
+def test_unavailable_backends_say_why(monkeypatch):
+    assert kv_dtype_unavailable("default") is None
+    assert kv_dtype_unavailable("fp8_e4m3") is None
+    assert "unknown kv_dtype 'fp4'" in kv_dtype_unavailable("fp4")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "hqq" else real(name, *a))
+    assert "needs the hqq package" in kv_dtype_unavailable("int8")
+
+
+def test_a_sliding_window_model_refuses_a_quantized_cache(prepared_models):
+    model, tok, _ = load_prepared(prepared_models("mistral"), "fp32", "cpu")
+    with pytest.raises(CacheFormError, match="kv_dtype fp8_e4m3"):
+        CacheForm(kv_dtype="fp8_e4m3").new_cache(model, 0)
+
+
+@pytest.mark.slow
+def test_compiled_static_cache_equals_generate_compiled(llama):
+    """compile: on is generate()'s own compiled call (inductor, the library's default compile
+    settings) on the decode steps, with a static cache; generate() compiles on a CPU only
+    when asked to (CompileConfig._compile_all_devices)."""
+    from transformers import CompileConfig
+
+    model, tok = llama
+    ids, mask = _batch(tok, 1)
+    torch._dynamo.reset()
+    # generate() sizes a static cache at the largest length any earlier call used (to avoid
+    # recompiling); a cell sizes it per batch, as a fresh model's first generate() does.
+    model.__dict__.pop("_previous_max_cache_length", None)
+    config = CompileConfig()
+    config._compile_all_devices = True
+    ref = _theirs(model, tok, ids, mask, steps=6, cache_implementation="static", compile_config=config)
+    assert hasattr(model, "_compiled_call")  # generate() did compile
+    ours, seen = _ours(model, tok, ids, mask, CacheForm(impl="static", compiled=True), steps=6)
+    _assert_same(ours, seen, ref, ids)
