@@ -197,3 +197,124 @@ def test_compiled_static_cache_equals_generate_compiled(llama):
     assert hasattr(model, "_compiled_call")  # generate() did compile
     ours, seen = _ours(model, tok, ids, mask, CacheForm(impl="static", compiled=True), steps=6)
     _assert_same(ours, seen, ref, ids)
+
+
+# --- The axes: values, refusals, names -------------------------------------------------
+
+def _config(*grids, comparisons=(), interventions=None):
+    from tokenflip.config import validate
+
+    cfg = {"run": "forms", "models": {"tiny": {"source": "random", "architecture": "llama", "seed": 0}},
+           "benchmarks": {"arith": {"kind": "arithmetic", "n": 3, "max_new_tokens": 8}},
+           "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], **g} for g in grids],
+           "comparisons": list(comparisons)}
+    if interventions:
+        cfg["interventions"] = interventions
+    return validate(cfg, check_data=False)
+
+
+def _refusal(*grids, **kw) -> str:
+    from tokenflip.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        _config(*grids, **kw)
+    return str(err.value)
+
+
+def test_each_axis_takes_its_values_and_renames_nothing_at_its_default():
+    from tokenflip.plan import expand_cells, pairs_of_comparison
+
+    config = _config({"prefill_chunk": [16, "default"], "prefix_cache": [False, True]},  # bare YAML off/on
+                     {"kv_dtype": ["default", "fp8_e4m3", "fp8_e5m2", "int4"]},
+                     {"cache_impl": ["dynamic", "static"]}, {"cache_impl": ["static"], "compile": ["off", "on"]},
+                     comparisons=[{"axis": "kv_dtype", "a": "default", "b": "fp8_e4m3"},
+                                  {"axis": "prefill_chunk", "a": "default", "b": 16},
+                                  {"axis": "prefix_cache", "a": False, "b": True},
+                                  {"axis": "cache_impl", "a": "dynamic", "b": "static"}])
+    names = sorted(c.name for c in expand_cells(config))
+    assert "fp32-on-bs1-greedy-none" in names  # every axis at its default: the name of today
+    assert {"fp32-on-bs1-greedy-none-prefill_chunk=16", "fp32-on-bs1-greedy-none-prefix_cache=on",
+            "fp32-on-bs1-greedy-none-prefill_chunk=16-prefix_cache=on", "fp32-on-bs1-greedy-none-kv_dtype=fp8_e4m3",
+            "fp32-on-bs1-greedy-none-kv_dtype=int4", "fp32-on-bs1-greedy-none-cache_impl=static",
+            "fp32-on-bs1-greedy-none-cache_impl=static-compile=on"} <= set(names)
+    pairs = [p for comp in config["comparisons"] for p in pairs_of_comparison(comp, expand_cells(config))]
+    assert sorted(p.label for p in pairs) == ["cache_impl: dynamic vs static", "kv_dtype: default vs fp8_e4m3",
+                                              "prefill_chunk: default vs 16", "prefill_chunk: default vs 16",
+                                              "prefix_cache: off vs on", "prefix_cache: off vs on"]
+
+
+@pytest.mark.parametrize("grid,expected", [
+    ({"cache": ["on", "off"], "kv_dtype": ["fp8_e4m3"]}, "kv_dtype 'fp8_e4m3' with cache 'off': with no cache"),
+    ({"cache": ["off"], "prefill_chunk": [8]}, "prefill_chunk '8' with cache 'off'"),
+    ({"cache": ["off"], "compile": ["on"], "cache_impl": ["static"]}, "compile 'on' with cache 'off'"),
+    ({"prefix_cache": ["on"], "batch_size": [1, 4]}, "prefix_cache 'on' with batch size 4: left padding"),
+    ({"prefix_cache": ["on"], "cache_impl": ["static"]}, "prefix_cache 'on' with cache_impl 'static'"),
+    ({"kv_dtype": ["int4"], "cache_impl": ["static"]}, "quantized caches are dynamic"),
+    ({"compile": ["on"]}, "compile 'on' needs cache_impl 'static'"),
+    ({"compile": ["on"], "cache_impl": ["dynamic", "static"]}, "compile 'on' needs cache_impl 'static'"),
+    ({"kv_dtype": ["fp4"]}, "grids.0.kv_dtype.0: 'fp4' is not one of"),
+    ({"prefill_chunk": [0]}, "grids.0.prefill_chunk.0"),
+    ({"cache_impl": ["sliding"]}, "'sliding' is not one of"),
+])
+def test_combinations_that_cannot_run_are_refused_with_the_reason(grid, expected):
+    assert expected in _refusal(grid)
+
+
+def test_compile_is_refused_with_an_intervention_that_runs_model_copies():
+    message = _refusal({"compile": ["on"], "cache_impl": ["static"], "intervention": ["vote"]},
+                       interventions={"none": {"kind": "none"}, "vote": {"kind": "consensus", "precisions": ["fp32", "bf16"]}})
+    assert "compile 'on' with intervention 'vote'" in message
+
+
+def test_an_uninstalled_backend_is_refused_at_validation(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "hqq" else real(name, *a))
+    assert "grids.0: kv_dtype int8: transformers' 'hqq' cache backend needs the hqq package" in \
+        _refusal({"kv_dtype": ["int8"]})
+
+
+# --- A study: each form is a cell, each pair is compared and reported like any axis ----
+
+@pytest.mark.slow
+def test_a_study_compares_and_reports_every_cache_form(tmp_path):
+    import pyarrow.parquet as pq
+    import yaml
+
+    from test_workflow import snakemake
+    from tokenflip import storage
+
+    base = {"precision": ["fp32"], "cache": ["on"], "batch_size": [1]}
+    cfg = {"run": "forms", "models": {"tiny": {"source": "random", "architecture": "llama", "seed": 0}},
+           "benchmarks": {"steps": {"kind": "onestep", "n": 3, "seed": 0, "shots": 1, "max_new_tokens": 8}},
+           "generation": {"record_top_k": 8, "device": "cpu", "threads": 1},
+           "grids": [dict(base, prefill_chunk=["default", 4]), dict(base, prefix_cache=["on"]),
+                     dict(base, kv_dtype=["fp8_e4m3"]), dict(base, cache_impl=["static"], compile=["off", "on"])],
+           "comparisons": [{"axis": "prefill_chunk", "a": "default", "b": 4},
+                           {"axis": "prefix_cache", "a": "off", "b": "on"},
+                           {"axis": "kv_dtype", "a": "default", "b": "fp8_e4m3"},
+                           {"axis": "cache_impl", "a": "dynamic", "b": "static"},
+                           {"axis": "compile", "a": "off", "b": "on"}]}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    snakemake(tmp_path, config)
+    run = tmp_path / "results" / "forms"
+    pairs = {p["axis"]: p for p in pq.read_table(run / "summary" / "pairs.parquet").to_pylist()}
+    assert set(pairs) == {"prefill_chunk", "prefix_cache", "kv_dtype", "cache_impl", "compile"}
+    assert all(p["status"] == "done" for p in pairs.values()), pairs
+    assert pairs["compile"]["context"] == "fp32-on-bs1-greedy-none-cache_impl=static-compile=x"
+    cells = run / "cells" / "tiny" / "steps"
+    forms = {path.stem: storage.read_table(path)[1]["cache_form"] for path in cells.glob("*.parquet")}
+    assert forms["fp32-on-bs1-greedy-none"] == {"impl": "dynamic", "kv_dtype": "default", "prefill_chunk": None,
+                                                "prefix_cache": False, "compile": None, "prefix_tokens": 0}
+    assert forms["fp32-on-bs1-greedy-none-prefill_chunk=4"]["prefill_chunk"] == 4
+    # The one-shot exemplar (and the chat template's system turn) is what every prompt shares.
+    assert forms["fp32-on-bs1-greedy-none-prefix_cache=on"]["prefix_tokens"] > 20
+    assert forms["fp32-on-bs1-greedy-none-kv_dtype=fp8_e4m3"]["backend"] == {"name": "fp8", "package": None}
+    compiled = forms["fp32-on-bs1-greedy-none-cache_impl=static-compile=on"]["compile"]
+    assert compiled["backend"] == "inductor" and compiled["torch"] == torch.__version__ and compiled["cxx_version"]
+    html = (tmp_path / "reports" / "forms" / "index.html").read_text()
+    for label in ("prefill_chunk: default vs 4", "prefix_cache: off vs on", "kv_dtype: default vs fp8_e4m3",
+                  "cache_impl: dynamic vs static", "compile: off vs on"):
+        assert label in html

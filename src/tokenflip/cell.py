@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from . import provenance, runtime, storage
 from .benchmarks import Benchmark, Item, build_benchmark
+from .caches import CacheForm, Prefix, shared_prefix
 from .decode import BatchResult, decode, left_pad, stop_criterion
 from .interventions import apply_to_model, weights_precision
 from .jobs import CellJob
@@ -42,8 +43,10 @@ def _records(job: CellJob, bench: Benchmark, batch: list[Item], batch_index: int
     return rows
 
 
-def generate_records(job: CellJob, model, tokenizer, bench: Benchmark, progress: bool = True) -> list[dict]:
-    """Decode every item of the benchmark in fixed batches of the cell's batch size."""
+def generate_records(job: CellJob, model, tokenizer, bench: Benchmark, progress: bool = True,
+                     form: CacheForm = CacheForm(), prefix: Prefix | None = None) -> list[dict]:
+    """Decode every item of the benchmark in fixed batches of the cell's batch size, with
+    the cell's cache form (and, with a prefix cache, every prompt from the shared prefix)."""
     cell = job.cell
     items = bench.items()
     eos, pad = runtime.special_ids(model, tokenizer)
@@ -57,10 +60,19 @@ def generate_records(job: CellJob, model, tokenizer, bench: Benchmark, progress:
         cpu_start = time.process_time()
         result = decode(model, ids, mask, max_new_tokens=job.max_new_tokens, use_cache=cell.cache == "on",
                         eos_token_ids=eos, pad_token_id=pad, record_top_k=job.record_top_k, select=select,
-                        stop=stop)
+                        stop=stop, form=form, prefix=prefix)
         cpu = time.process_time() - cpu_start
         records += _records(job, bench, batch, b, len(records), prompts, result, tokenizer, cpu)
     return records
+
+
+def shared_prompt_prefix(form: CacheForm, model, tokenizer, bench: Benchmark) -> Prefix | None:
+    """With a prefix cache, the longest prefix all the benchmark's prompts share (the
+    few-shot exemplars, the system turn), its cache filled once (None when they share none)."""
+    if not form.prefix_cache:
+        return None
+    common = shared_prefix([runtime.encode_prompt(tokenizer, bench, item) for item in bench.items()])
+    return form.prefix(model, common) if common else None
 
 
 def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress: bool = True) -> dict[str, Any]:
@@ -74,7 +86,9 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
                                                job.device, cell.attention)
     model = apply_to_model(model, job.intervention,
                            lambda precision: load_prepared(model_dir, precision, job.device, cell.attention)[0])
-    records = generate_records(job, model, tokenizer, bench, progress)
+    form = CacheForm.of(cell)
+    prefix = shared_prompt_prefix(form, model, tokenizer, bench)
+    records = generate_records(job, model, tokenizer, bench, progress, form, prefix)
     table = storage.cell_table(records, job.record_top_k)
     eos, pad = runtime.special_ids(model, tokenizer)
     first_rows = records[::cell.batch_size]
@@ -89,6 +103,8 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
         "eos_token_ids": eos,
         "pad_token_id": pad,
         "environment": provenance.environment(model.device),
+        "cache_form": {**form.describe(model.config.get_text_config(decoder=True)),
+                       "prefix_tokens": len(prefix.ids) if prefix else 0},
         "token_stream_sha256": storage.token_stream_digest(table),
         "logits_sha256": storage.logits_digest(table),
         "wall_seconds": float(sum(r["latency_s"] for r in first_rows)),

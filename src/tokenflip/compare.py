@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import stats, storage
-from .jobs import Pair
+from .jobs import CACHE_FORM_AXES, Pair
 
 # Provenance fields that legitimately differ between two cells of one run.
 _FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "table_sha256", "wall_seconds", "cpu_seconds",
@@ -36,6 +36,7 @@ _AXIS_PROVENANCE = {
     "threads": ("settings.threads", "environment.device.threads"),
     "device": ("settings.device", "environment.device"),
     "deterministic": ("environment.determinism",),
+    **{axis: ("cache_form",) for axis in CACHE_FORM_AXES},
 }
 
 

@@ -22,8 +22,13 @@ NAME_AXES = ("precision", "cache", "batch_size", "decoding", "intervention")
 # `default` means: what the library or the run's `generation` settings choose.
 # `repeat` changes nothing but the cell's name: comparing `repeat: default` with `2` asks
 # whether the same cell run twice is bitwise identical (arXiv 2609.26621 §6.1).
+# The cache forms serving engines turn on (see `caches`): how the prompt is prefilled
+# (`prefill_chunk`), a shared prefix computed once (`prefix_cache`), the cached keys' and
+# values' storage format (`kv_dtype`), a static cache (`cache_impl`), a compiled forward.
 EXTRA_AXES = {"attention": "default", "threads": "default", "device": "default", "deterministic": "default",
-              "repeat": "default"}
+              "repeat": "default", "prefill_chunk": "default", "prefix_cache": "off", "kv_dtype": "default",
+              "cache_impl": "dynamic", "compile": "off"}
+CACHE_FORM_AXES = ("prefill_chunk", "prefix_cache", "kv_dtype", "cache_impl", "compile")
 COMPARABLE_AXES = NAME_AXES + tuple(EXTRA_AXES)
 AXIS_DEFAULTS = {"decoding": "greedy", "intervention": "none", **EXTRA_AXES}
 
@@ -46,6 +51,11 @@ class Cell:
     device: str = "default"
     deterministic: str = "default"
     repeat: str = "default"
+    prefill_chunk: str = "default"
+    prefix_cache: str = "off"
+    kv_dtype: str = "default"
+    cache_impl: str = "dynamic"
+    compile: str = "off"
 
     @property
     def name(self) -> str:
