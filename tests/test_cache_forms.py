@@ -295,7 +295,9 @@ def test_a_study_compares_and_reports_every_cache_form(tmp_path):
                            {"axis": "prefix_cache", "a": "off", "b": "on"},
                            {"axis": "kv_dtype", "a": "default", "b": "fp8_e4m3"},
                            {"axis": "cache_impl", "a": "dynamic", "b": "static"},
-                           {"axis": "compile", "a": "off", "b": "on"}]}
+                           {"axis": "compile", "a": "off", "b": "on"}],
+           "probes": {"kv_cache": {"prompts": 1, "precisions": ["fp32"], "patch_steps": 0,
+                                   "forms": ["kv_dtype=fp8_e4m3", "prefill_chunk=4"]}}}
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     snakemake(tmp_path, config)
@@ -314,7 +316,32 @@ def test_a_study_compares_and_reports_every_cache_form(tmp_path):
     assert forms["fp32-on-bs1-greedy-none-kv_dtype=fp8_e4m3"]["backend"] == {"name": "fp8", "package": None}
     compiled = forms["fp32-on-bs1-greedy-none-cache_impl=static-compile=on"]["compile"]
     assert compiled["backend"] == "inductor" and compiled["torch"] == torch.__version__ and compiled["cxx_version"]
+    # The KV probe replays the default cache's trajectory through the two forms it was given.
+    forms_table = pq.read_table(run / "summary" / "kv_forms.parquet").to_pandas()
+    assert sorted(forms_table["form"].unique()) == ["kv_dtype=fp8_e4m3", "prefill_chunk=4"]
+    assert (forms_table.groupby("form")["step"].count() == len(forms_table) // 2).all()
     html = (tmp_path / "reports" / "forms" / "index.html").read_text()
+    assert 'id="form-table"' in html and "kv_dtype=fp8_e4m3" in html
     for label in ("prefill_chunk: default vs 4", "prefix_cache: off vs on", "kv_dtype: default vs fp8_e4m3",
                   "cache_impl: dynamic vs static", "compile: off vs on"):
         assert label in html
+
+
+def test_the_kv_probe_replays_the_default_trajectory_through_each_form(llama):
+    from tokenflip.probes.kv_cache import probe_prompt
+
+    model, tok = llama
+    prompt = tok(TEXTS[0])["input_ids"]
+    out = probe_prompt(model, prompt, 10, [-1], tok.pad_token_id, 0,
+                       forms=["kv_dtype=fp8_e4m3", f"prefill_chunk={len(prompt) + 1}", "prefill_chunk=3"])
+    rows = {}
+    for r in out["forms"]:
+        rows.setdefault(r["form"], []).append(r)
+    assert {form: len(r) for form, r in rows.items()} == {"kv_dtype=fp8_e4m3": 10, f"prefill_chunk={len(prompt) + 1}": 10,
+                                                          "prefill_chunk=3": 10}
+    # A chunk longer than the prompt is the default computation: nothing differs.
+    assert all(r["kl"] == 0 and r["max_abs_dlogit"] == 0 and not r["flip"] for r in rows[f"prefill_chunk={len(prompt) + 1}"])
+    fp8 = rows["kv_dtype=fp8_e4m3"]
+    assert fp8[0]["max_abs_dlogit"] == 0  # the prefill attends to its exact keys and values
+    assert all(r["kl"] > 0 for r in fp8[1:])  # every later step reads the FP8-rounded cache
+    assert all(r["top1_on"] == t for r, t in zip(fp8, [s["top1_on"] for s in out["steps"]]))

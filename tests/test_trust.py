@@ -24,6 +24,7 @@ from tokenflip import storage
 from tokenflip.benchmarks import BenchmarkError, build_benchmark
 from tokenflip.layout import RunLayout
 from tokenflip.plan import expand_cells, expand_pairs
+from tokenflip.probes import PROBES
 
 
 def tokenflip(*args, cwd=None, env=None):
@@ -391,14 +392,16 @@ def test_probe_tables_of_an_earlier_probe_version_are_refused_and_rescheduled(fi
     proc = _summarize(workdir, finished_tiny_study.config)
     assert proc.returncode == 1
     line = next(line for line in proc.stderr.splitlines() if "kv_cache/patching.parquet" in line)
-    assert "settings.version = '<absent>', but the config asks for 3" in line
+    version = PROBES["kv_cache"].version
+    assert f"settings.version = '<absent>', but the config asks for {version}" in line
     # What Snakemake recorded for those outputs when an earlier tokenflip made them: the
     # job spec without `version`. The current spec differs, so the probe is made again.
     import base64
     for record in (workdir / ".snakemake" / "metadata").iterdir():
         if "/probes/" in base64.b64decode(record.name.replace("@", "/")).decode(errors="replace"):
             data = json.loads(record.read_text())
-            data["params"] = [p.replace(', "version": 3', "") if isinstance(p, str) else p for p in data["params"]]
+            data["params"] = [p.replace(f', "version": {version}', "") if isinstance(p, str) else p
+                              for p in data["params"]]
             record.write_text(json.dumps(data))
     dry = run_snakemake(workdir, finished_tiny_study.config, "-n")
     assert {rule for rule, _ in scheduled_jobs(dry.stdout)} >= {"probe_kv_cache", "summarize", "report"}

@@ -223,6 +223,32 @@ def probe_claims(steps: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def form_claims(forms: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per cache form, from the KV probe: how far the form moves the logits of the default
+    cache at identical inputs, and on how many steps it would pick another token."""
+    if forms.empty:
+        return []
+    return [{"model": model, "precision": precision, "form": form, "prompts": int(g["prompt_id"].nunique()),
+             "steps": len(g), "flips": int(g["flip"].sum()), "steps_differ": int((g["max_abs_dlogit"] > 0).sum()),
+             "median_kl": float(g["kl"].median()), "max_kl": float(g["kl"].max()),
+             "max_abs_dlogit": float(g["max_abs_dlogit"].max())}
+            for (model, precision, form), g in forms.groupby(["model", "precision", "form"])]
+
+
+def form_kl_figure(forms: pd.DataFrame) -> str | None:
+    """Per-step KL(default‖form) along the default cache's trajectory, per cache form."""
+    if forms.empty or not (forms["kl"] > 0).any():
+        return None
+    data = forms.assign(kl_plot=forms["kl"].clip(lower=1e-20), variant=forms["form"] + ", " + forms["precision"])
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    sns.lineplot(data=data, x="step", y="kl_plot", hue="variant", style=_model_style(data),
+                 errorbar=("pi", 100), estimator="median", ax=ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("KL(default‖form) per step (median, range)")
+    ax.set_xlabel("generated token")
+    return _svg(fig)
+
+
 def kl_figure(steps: pd.DataFrame) -> str | None:
     """Per-step KL(ON‖OFF) along a shared trajectory, per precision, log scale (paper Fig. 3)."""
     if steps.empty:
@@ -762,6 +788,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     kv_steps = _read_optional(summary_dir / "kv_steps.parquet")
     kv_layers = _read_optional(summary_dir / "kv_layers.parquet")
     kv_patching = _read_optional(summary_dir / "kv_patching.parquet")
+    kv_forms = _read_optional(summary_dir / "kv_forms.parquet")
     kv_rows = kv_table(pairs_df)
     interventions_df = _read_optional(summary_dir / "interventions.parquet")
     prec_steps = _read_optional(summary_dir / "precision_steps.parquet")
@@ -802,6 +829,8 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         precision_probe_steps=len(prec_steps),
         kv=kv_claims(kv_rows, probe_claims(kv_steps)),
         fig_kl=kl_figure(kv_steps),
+        form_rows=form_claims(kv_forms),
+        fig_form_kl=form_kl_figure(kv_forms),
         flip_rows=flip_table(kv_steps),
         probe_claim_rows=probe_claims(kv_steps),
         fig_flip_kl=flip_kl_figure(kv_steps),

@@ -15,6 +15,11 @@ What each patch replaces, at that step only:
 - `kv layer i`: layer i's keys and values of every past position;
 - `kv cache`: the keys and values of every layer and past position.
 Cache-off's keys and values are those its own forward at that step computes.
+
+The serving engines' cache forms (`forms`: an FP8 or int4 cache, chunked prefill, a static
+cache) are the same question asked again: the default cache's trajectory is replayed
+through each form, and at identical inputs the per-step KL(default‖form) and would-be
+flips are measured (table `forms`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,18 @@ from .base import Probe, run_over_prompts
 # torch (through .replay and ..models) is imported inside the functions that compute: the
 # probe registry, which the config schema and the Snakefile read, imports this module.
 
-TABLES = ("steps", "layers", "patching")
+TABLES = ("steps", "layers", "patching", "forms")
+# A cache form the probe replays through, as `axis=value` (what the cell names say).
+FORM_PATTERN = r"^(kv_dtype=(fp8_e4m3|fp8_e5m2|int4|int8)|prefill_chunk=[1-9][0-9]{0,6}|cache_impl=static)\Z"
+
+
+def parse_form(text: str):
+    """`kv_dtype=fp8_e4m3` -> the CacheForm a cell with that axis value runs."""
+    from ..caches import CacheForm
+
+    axis, value = text.split("=", 1)
+    return CacheForm(**{"kv_dtype": {"kv_dtype": value}, "prefill_chunk": {"prefill_chunk": int(value) if axis ==
+                        "prefill_chunk" else None}, "cache_impl": {"impl": value}}[axis])
 
 
 def patch_steps(kl: np.ndarray, flips: np.ndarray, count: int) -> list[int]:
@@ -76,8 +92,25 @@ def patches_at(model, prompt: list[int], on, off, t: int) -> list[tuple[str, str
     return runs
 
 
+def form_steps(model, prompt: list[int], on, forms: list[str], **kwargs) -> list[dict[str, Any]]:
+    """Per cache form and step: the default cache's trajectory replayed through the form, at
+    identical inputs: KL(default‖form), whether the argmax would flip, both margins."""
+    from .replay import replay, step_differences
+
+    rows = []
+    for text in forms:
+        alt = replay(model, prompt, use_cache=True, max_new_tokens=len(on.tokens), tokens=on.tokens,
+                     form=parse_form(text), **kwargs)
+        d = step_differences(on, alt)
+        rows += [{"form": text, "step": t, "kl": float(d["kl"][t]), "flip": bool(d["flip"][t]),
+                  "margin_on": float(d["margin_a"][t]), "margin_form": float(d["margin_b"][t]),
+                  "max_abs_dlogit": float(d["max_abs_dlogit"][t]), "top1_on": int(d["top_a"][t]),
+                  "top1_form": int(d["top_b"][t])} for t in range(len(d["kl"]))]
+    return rows
+
+
 def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], pad: int,
-                 n_patch: int, stop=None) -> dict[str, list[dict[str, Any]]]:
+                 n_patch: int, stop=None, forms: list[str] = ()) -> dict[str, list[dict[str, Any]]]:
     from .replay import kl_divergence, replay, step_differences
 
     kwargs = dict(eos_token_ids=eos, pad_token_id=pad)
@@ -105,13 +138,15 @@ def probe_prompt(model, prompt: list[int], max_new_tokens: int, eos: list[int], 
                              "kl_recovered": kl_recovered(patched_kl, kl_none),
                              "flip": bool(int(logits[0].argmax()) != int(top_off[t])),
                              "max_abs_dlogit": float((logits[0] - off.logits[t]).abs().max())})
-    return {"steps": steps, "layers": layers, "patching": patching}
+    return {"steps": steps, "layers": layers, "patching": patching,
+            "forms": form_steps(model, prompt, on, list(forms), **kwargs)}
 
 
 def run_probe(job: ProbeJob, model_dir: str | Path, out_dir: str | Path, pair_files=()) -> dict[str, Any]:
     """Run the KV-cache probe for one model × benchmark over the configured precisions."""
     def one(models, prompt, eos, pad, stop):
-        return probe_prompt(models[0], prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]), stop)
+        return probe_prompt(models[0], prompt, job.max_new_tokens, eos, pad, int(job.options["patch_steps"]), stop,
+                            job.options.get("forms", []))
 
     variants = [({"precision": p}, (p,)) for p in job.options["precisions"]]
     return run_over_prompts(job, model_dir, out_dir, TABLES, variants, one, pair_files)
@@ -132,10 +167,16 @@ PROBE = Probe(
         "precisions": {"type": "array", "minItems": 1, "uniqueItems": True,
                        "items": {"enum": ["fp32", "bf16", "fp16"]}, "default": ["fp32", "fp16"]},
         "patch_steps": {"type": "integer", "minimum": 0, "default": 3},
+        "forms": {"type": "array", "uniqueItems": True, "default": [],
+                  "description": "cache forms to replay the default cache's trajectory through, as axis=value "
+                                 "(kv_dtype=fp8_e4m3, prefill_chunk=16, cache_impl=static)",
+                  "items": {"type": "string", "pattern": FORM_PATTERN}},
     },
     aggregate={"layers": _mean_over_prompts},
     # Explains cache on vs off at its precisions: it traces prompts that diverged there.
-    explains=lambda options: (lambda pair: pair.axis == "cache" and pair.a.precision in options["precisions"]),
-    version=3,  # 2: patches per layer from cache-off's own keys and values, share of KL recovered;
-    # 3: prompts chosen from the pairs' results (`chosen_as`)
+    # and each of its cache forms against the default cache.
+    explains=lambda options: (lambda pair: pair.a.precision in options["precisions"] and (
+        pair.axis == "cache" or f"{pair.axis}={pair.b.value(pair.axis)}" in options.get("forms", []))),
+    version=4,  # 2: patches per layer from cache-off's own keys and values, share of KL recovered;
+    # 3: prompts chosen from the pairs' results (`chosen_as`); 4: the cache forms (`forms`)
 )

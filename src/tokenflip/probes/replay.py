@@ -105,11 +105,14 @@ class _Capture(StepHooks):
 
 def replay(model, prompt_ids: Sequence[int], *, use_cache: bool, max_new_tokens: int,
            eos_token_ids: Sequence[int], pad_token_id: int, tokens: Sequence[int] | None = None,
-           patches: dict[int, Patch] | None = None, stop=None) -> Replay:
+           patches: dict[int, Patch] | None = None, stop=None, form=None) -> Replay:
     """Free greedy generation (tokens=None; it ends where a cell's would: at EOS or at the
     `stop` criterion of the benchmark's stop sequences) or a teacher-forced replay of
     `tokens`, batch size 1, recording full logits and the current position's activations at
-    every step. `patches[step][site]` replaces that site's output at the current position ([H])."""
+    every step. `patches[step][site]` replaces that site's output at the current position ([H]);
+    `form` is the cache's form with the cache on (`caches.CacheForm`; default DynamicCache)."""
+    from ..caches import CacheForm
+
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
     mask = torch.ones_like(ids)
     select = greedy if tokens is None else forced(torch.tensor([list(tokens)], dtype=torch.long))
@@ -118,7 +121,8 @@ def replay(model, prompt_ids: Sequence[int], *, use_cache: bool, max_new_tokens:
     try:
         result = decode(model, ids, mask, max_new_tokens=steps, use_cache=use_cache,
                         eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, record_top_k=2,
-                        select=select, hooks=capture, stop=stop if tokens is None else None)
+                        select=select, hooks=capture, stop=stop if tokens is None else None,
+                        form=form or CacheForm())
     finally:
         capture.close()
     return capture.result(result.generations[0].token_ids)
