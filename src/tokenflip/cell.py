@@ -16,7 +16,7 @@ from .caches import CacheForm, Prefix, shared_prefix
 from .decode import BatchResult, decode, left_pad, stop_criterion
 from .interventions import apply_to_model, weights_precision
 from .jobs import CellJob
-from .models import load_prepared
+from .models import load_prepared, weights_record
 from .sampling import make_selector
 
 
@@ -97,8 +97,9 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
         "cell": cell.as_dict(),
         "cell_id": cell.id,
         "settings": job.to_json(),
-        "model": {k: manifest.get(k) for k in ("spec", "architecture", "num_parameters", "weights_sha256",
-                                               "tokenizer_sha256", "source_digest", "resolved_revision")},
+        "model": {**{k: manifest.get(k) for k in ("spec", "architecture", "num_parameters", "weights_sha256",
+                                                  "tokenizer_sha256", "source_digest", "resolved_revision")},
+                  "weights": weights_record(manifest, weights_precision(job.intervention, cell.precision))},
         "benchmark": bench.describe(),
         "eos_token_ids": eos,
         "pad_token_id": pad,

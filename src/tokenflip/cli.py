@@ -204,6 +204,17 @@ def cmd_plan(args) -> None:
     from .plan import expand_cells, expand_pairs, probe_targets
 
     config = _config(args)
+    if args.cost:
+        from .cost import Device, format_cost, study_cost
+
+        given = dict(args.prompt_tokens or [])
+        unknown = sorted(set(given) - set(config["benchmarks"]))
+        if unknown:
+            raise SystemExit(f"tokenflip plan: --prompt-tokens names benchmarks the config does not define: {unknown}")
+        cost = study_cost(config, Device(args.bandwidth_gbs, args.tflops, dict(args.tokens_per_second or [])),
+                          root=args.root, prompt_tokens=given)
+        print(json.dumps(cost, indent=2, sort_keys=True) if args.json else format_cost(cost))
+        return
     cells = expand_cells(config)
     pairs = expand_pairs(config, cells)
     for cell in cells:
@@ -214,6 +225,32 @@ def cmd_plan(args) -> None:
     for probe, model, bench in probes:
         print(f"probe {model}/{bench}/{probe}")
     print(f"{len(cells)} cells, {len(pairs)} pairs, {len(probes)} probe jobs", file=sys.stderr)
+
+
+def _length_arg(text: str) -> tuple[str, float]:
+    """BENCHMARK=N: the prompt length to assume for a benchmark."""
+    name, sep, n = text.partition("=")
+    try:
+        tokens = float(n)
+    except ValueError:
+        tokens = 0.0
+    if not sep or not name or tokens <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected BENCHMARK=TOKENS, e.g. gsm8k=900")
+    return name, tokens
+
+
+def _rate_arg(text: str) -> tuple[float, float]:
+    """SIZE=TPS, e.g. 7B=35: a decode rate (tokens/s, batch size 1, 16-bit) measured on a model of SIZE."""
+    from .cost import size_in_name
+
+    size, sep, rate = text.partition("=")
+    try:
+        params, tps = size_in_name(size.strip()), float(rate)
+    except ValueError:
+        params, tps = None, 0.0
+    if not sep or params is None or tps <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected SIZE=TOKENS_PER_SECOND, e.g. 7B=35 or 1.1B=120")
+    return params, tps
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -267,8 +304,21 @@ def _job_commands(sub) -> None:
 
 def _run_commands(sub) -> None:
     """The commands people call on a config or a run."""
-    p = sub.add_parser("plan", help="list the cells, pairs and probe jobs a config defines")
+    p = sub.add_parser("plan", help="list the cells, pairs and probe jobs a config defines (--cost: what they cost)")
     _config_args(p)
+    p.add_argument("--cost", action="store_true",
+                   help="per rule and in total: jobs, prompts, generated tokens, token positions, weight bytes "
+                        "read and an estimate of GPU-hours (upper bounds: every prompt runs max_new_tokens)")
+    p.add_argument("--root", help="the working directory whose prompt checks and prepared models to read (default: .)")
+    p.add_argument("--bandwidth-gbs", type=float, default=2000.0, help="device memory bandwidth, GB/s (default 2000)")
+    p.add_argument("--tflops", type=float, default=150.0,
+                   help="16-bit matrix throughput reached, TFLOP/s (default 150; fp32 at an eighth)")
+    p.add_argument("--tokens-per-second", type=_rate_arg, action="append", metavar="SIZE=TPS",
+                   help="a measured decode rate at batch size 1 in 16 bits, e.g. 7B=35 (repeatable; each model "
+                        "uses the nearest size, scaled by its parameters)")
+    p.add_argument("--prompt-tokens", type=_length_arg, action="append", metavar="BENCHMARK=N",
+                   help="the prompt length to assume for a benchmark whose data is on the hub (repeatable)")
+    p.add_argument("--json", action="store_true", help="with --cost: the figures as JSON")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("run-cell", help="run one cell of a config (no Snakemake), preparing its model if needed")

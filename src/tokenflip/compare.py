@@ -32,7 +32,10 @@ NEAR_TIE = 1e-3
 # Provenance that legitimately follows from the compared axis (beyond the cell spec).
 _AXIS_PROVENANCE = {
     "decoding": ("settings.decoding",),
-    "intervention": ("settings.intervention",),
+    # The dtype a cell loads the stored weights in follows its precision (and, for the
+    # interventions that load fp32 weights, the intervention).
+    "precision": ("model.weights",),
+    "intervention": ("settings.intervention", "model.weights"),
     "threads": ("settings.threads", "environment.device.threads"),
     "device": ("settings.device", "environment.device"),
     "deterministic": ("environment.determinism",),

@@ -1,9 +1,11 @@
 """Model sources and the prepared-model cache.
 
 Every model, whatever its source, is prepared once into a directory of safetensors
-weights and tokenizer files plus `model.json` (digests, source). Cells load from there,
-so no cell re-downloads or re-dequantises, and every cell of a model provably used the
-same weights.
+weights and tokenizer files plus `model.json` (digests, source, stored dtype). Cells load
+from there, so no cell re-downloads or re-dequantises, and every cell of a model provably
+used the same weights. A hub checkpoint keeps its own dtype (a bf16 7B model stays 14 GB,
+not 28 GB of fp32); a cell casts at load, as `from_pretrained(dtype=...)` does for users.
+GGUF files (which transformers dequantises to fp32) and random models are stored in fp32.
 """
 
 from __future__ import annotations
@@ -95,8 +97,12 @@ def _load_tokenizer(spec: dict[str, Any]):
     raise ModelError(f"no tokenizer for source {spec['source']!r}")
 
 
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
 def build_model(spec: dict[str, Any]):
-    """Instantiate (model, tokenizer) in fp32 from a config spec, from the original source."""
+    """Instantiate (model, tokenizer) from a config spec, from the original source: a hub
+    checkpoint in its own dtype (`dtype="auto"`), GGUF and random models in fp32."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     source = spec["source"]
@@ -107,7 +113,7 @@ def build_model(spec: dict[str, Any]):
         return _forget_gguf_quantization(model), _load_tokenizer(spec)
     if source == "hf":
         model = AutoModelForCausalLM.from_pretrained(
-            spec["id"], revision=spec.get("revision"), dtype=torch.float32,
+            spec["id"], revision=spec.get("revision"), dtype="auto",
             trust_remote_code=spec.get("trust_remote_code", False))
         return model, _load_tokenizer(spec)
     if source == "random":
@@ -170,6 +176,7 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
             "spec": spec,
             "architecture": model.config.model_type,
             "num_parameters": int(sum(p.numel() for p in model.parameters())),
+            "stored_dtype": stored_dtype(model),
             "weights_sha256": digest_files(weights, tmp),
             "tokenizer_sha256": digest_files(tokenizer_files, tmp),
             "source_digest": _source_digest(spec),
@@ -184,6 +191,25 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def stored_dtype(model) -> str:
+    """The dtype of a model's floating-point weights ("float32", "bfloat16", "float16"; a
+    checkpoint mixing them is named by each, joined with '+')."""
+    dtypes = sorted({DTYPE_NAMES.get(p.dtype, str(p.dtype).removeprefix("torch."))
+                     for p in model.parameters() if p.is_floating_point()})
+    return "+".join(dtypes) or "float32"
+
+
+def weights_record(manifest: dict[str, Any], precision: str) -> dict[str, Any]:
+    """How a cell's weights relate to the prepared copy: the stored dtype, the dtype the
+    cell loaded, and whether it widened them (fp32 from a 16-bit checkpoint holds the same
+    values, not fp32 weights)."""
+    stored = manifest.get("stored_dtype", "float32")
+    loaded = DTYPE_NAMES[PRECISIONS[precision]]
+    widths = {"float32": 32, "bfloat16": 16, "float16": 16}
+    return {"stored_dtype": stored, "loaded_dtype": loaded,
+            "upcast": all(widths.get(d, 32) < widths[loaded] for d in stored.split("+"))}
 
 
 def _own_output(out_dir: str | Path) -> Path:
@@ -241,12 +267,17 @@ def load_prepared(model_dir: str | Path, precision: str, device: str = "auto", a
         raise ModelError(f"unknown precision {precision!r}; known: {sorted(PRECISIONS)}")
     manifest = read_manifest(model_dir)
     extra = {} if attention == "default" else {"attn_implementation": attention}
+    target = resolve_device("auto" if device == "default" else device)
+    # On an accelerator the weights are read straight onto it, cast on the way (no staging
+    # copy in host memory); on a CPU they are already where they run.
+    placement = {"device_map": {"": target}} if target.type != "cpu" else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=PRECISIONS[precision], **extra)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=PRECISIONS[precision], **extra,
+                                                     **placement)
     except (ImportError, ValueError) as exc:
         if not extra:
             raise
         raise ModelError(f"{model_dir}: attention implementation {attention!r} is not available here ({exc})") from None
-    model.to(resolve_device("auto" if device == "default" else device)).eval()
+    model.to(target).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return model, tokenizer, manifest

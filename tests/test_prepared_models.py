@@ -1,0 +1,102 @@
+"""A prepared model keeps its checkpoint's dtype; a cell casts at load, as users do.
+
+A bf16 checkpoint prepared in fp32 doubled its size on disk (a 7B model: 28 GB instead of
+14) for values fp32 holds exactly. Kept in bf16, every cell's weights must still be what
+`from_pretrained(dtype=...)` gives users, bit for bit, in each precision.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from tokenflip.models import PRECISIONS, build_model, load_prepared, prepare, read_manifest, weights_record
+
+
+@pytest.fixture(scope="module")
+def bf16_checkpoint(tmp_path_factory):
+    """A hub-style checkpoint directory whose weights are bf16 (as most released LLMs)."""
+    model, tokenizer = build_model({"source": "random", "architecture": "llama", "seed": 3})
+    directory = tmp_path_factory.mktemp("checkpoint")
+    model.to(torch.bfloat16).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def prepared_bf16(bf16_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("prepared") / "model"
+    prepare({"source": "hf", "id": str(bf16_checkpoint)}, out)
+    return out
+
+
+def _stored(directory):
+    tensors = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, "pt") as fh:
+            tensors.update({name: fh.get_tensor(name) for name in fh.keys()})
+    return tensors
+
+
+def test_a_bf16_checkpoint_is_stored_in_bf16_at_its_own_size(bf16_checkpoint, prepared_bf16):
+    assert read_manifest(prepared_bf16)["stored_dtype"] == "bfloat16"
+    stored, original = _stored(prepared_bf16), _stored(bf16_checkpoint)
+    assert stored.keys() == original.keys()
+    assert {t.dtype for t in stored.values()} == {torch.bfloat16}
+    assert all(torch.equal(stored[k], original[k]) for k in stored)
+    size = sum(p.stat().st_size for p in prepared_bf16.glob("*.safetensors"))
+    assert size == pytest.approx(sum(p.stat().st_size for p in bf16_checkpoint.glob("*.safetensors")), rel=0.01)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_each_precision_holds_the_weights_from_pretrained_gives_users(bf16_checkpoint, prepared_bf16, precision):
+    from transformers import AutoModelForCausalLM
+
+    ours, _, _ = load_prepared(prepared_bf16, precision, "cpu")
+    users = AutoModelForCausalLM.from_pretrained(str(bf16_checkpoint), dtype=PRECISIONS[precision])
+    mine, theirs = ours.state_dict(), users.state_dict()
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        assert mine[name].dtype == theirs[name].dtype == PRECISIONS[precision], name
+        assert torch.equal(mine[name], theirs[name]), name
+
+
+def test_a_cell_wider_than_the_stored_weights_says_so(prepared_bf16):
+    manifest = read_manifest(prepared_bf16)
+    assert weights_record(manifest, "fp32") == {"stored_dtype": "bfloat16", "loaded_dtype": "float32", "upcast": True}
+    assert weights_record(manifest, "fp16") == {"stored_dtype": "bfloat16", "loaded_dtype": "float16", "upcast": False}
+    assert weights_record({"stored_dtype": "float32"}, "bf16")["upcast"] is False
+    assert weights_record({}, "fp32")["upcast"] is False  # a copy prepared before dtypes were recorded: fp32
+
+
+def test_gguf_and_random_models_are_stored_in_fp32(prepared_models):
+    for name in ("llama", "smollm2"):
+        directory = prepared_models(name)
+        assert read_manifest(directory)["stored_dtype"] == "float32"
+        assert {t.dtype for t in _stored(directory).values()} == {torch.float32}
+
+
+def test_the_cell_records_how_it_loaded_the_weights(bf16_checkpoint, prepared_bf16, tmp_path):
+    from conftest import tiny_study
+    from tokenflip import config as cfg
+    from tokenflip.cell import run_cell
+    from tokenflip.compare import compare_files
+    from tokenflip.jobs import Pair
+    from tokenflip.layout import RunLayout
+    from tokenflip.plan import cell_job, expand_cells
+
+    study = tiny_study()
+    study.update(models={"ckpt": {"source": "hf", "id": str(bf16_checkpoint)}},
+                 benchmarks={"a": {"kind": "arithmetic", "n": 2, "max_new_tokens": 4}},
+                 grids=[{"precision": ["fp32", "bf16"], "cache": ["on"], "batch_size": [1]}], comparisons=[])
+    config = cfg.validate(study, check_data=False)
+    layout = RunLayout(config["run"], root=str(tmp_path))
+    metas = {}
+    for cell in expand_cells(config):
+        metas[cell.precision] = run_cell(cell_job(config, cell), prepared_bf16, layout.cell(cell.id), progress=False)
+    assert metas["fp32"]["model"]["weights"] == {"stored_dtype": "bfloat16", "loaded_dtype": "float32", "upcast": True}
+    assert metas["bf16"]["model"]["weights"]["upcast"] is False
+    a, b = sorted(expand_cells(config), key=lambda c: c.precision != "fp32")
+    pair = Pair("precision", a, b)
+    compare_files(pair, layout.cell(a.id), layout.cell(b.id), layout.pair(pair.id))  # comparable on precision
