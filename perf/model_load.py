@@ -18,7 +18,13 @@ is the part of reading that the cell's first forward pass would otherwise pay.
 
 Target (issue "Performance"): load_prepared ≤ 1.5x safetensors.
 
-  .venv/bin/python perf/model_load.py [--quick]
+Then the prepared copy's dtype, on a bf16 checkpoint of a randomly initialised Llama at
+TinyLlama-1.1B's widths (16 layers; `--layers` fewer, 4 with --quick) and on SmolLM2 (GGUF,
+stored in fp32 both before and after): its size on disk, and loading it for a bf16 cell
+(pages touched) from the copy the prepare step makes now (the checkpoint's own bf16) and
+from the fp32 copy it made before, against safetensors reading the bf16 copy's bytes.
+
+  .venv/bin/python perf/model_load.py [--quick] [--skip-dtype]
 """
 
 from __future__ import annotations
@@ -30,6 +36,72 @@ import time
 import _common as c
 
 
+def stored_dtype(args, rounds: int, touch, smollm2_dir, smollm2_size) -> None:
+    """The prepared copy in the checkpoint's own dtype (now) vs in fp32 (before)."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import safetensors.torch
+
+    from tokenflip.models import MANIFEST, load_prepared, load_tokenizer, prepare, read_manifest
+
+    layers = args.layers or (4 if args.quick else None)
+    model_args = argparse.Namespace(model="random-1b", layers=layers, device="cpu", seed=0)
+    model, _ = c.load_model(model_args, "bf16")
+    n_params = sum(p.numel() for p in model.parameters())
+    root = Path(tempfile.mkdtemp(prefix="tokenflip-dtype-", dir=c.model_cache_root().parent))
+    try:
+        checkpoint, now, before = root / "checkpoint", root / "prepared-bf16", root / "prepared-fp32"
+        model.save_pretrained(checkpoint)
+        load_tokenizer(smollm2_dir).save_pretrained(checkpoint)  # any tokenizer: the weights are what is timed
+        del model
+        prepare({"source": "hf", "id": str(checkpoint)}, now)
+        # What the prepare step wrote before: the same weights widened to fp32.
+        shutil.copytree(now, before)
+        for f in before.glob("*.safetensors"):
+            state = safetensors.torch.load_file(str(f))
+            safetensors.torch.save_file({k: v.float() for k, v in state.items()}, str(f), metadata={"format": "pt"})
+        manifest = read_manifest(before)
+        manifest["stored_dtype"] = "float32"
+        (before / MANIFEST).write_text(json.dumps(manifest))
+
+        def size(d):
+            return sum(f.stat().st_size for f in d.glob("*.safetensors"))
+
+        files = sorted(now.glob("*.safetensors"))
+
+        def read_bytes():
+            state = [safetensors.torch.load_file(str(f)) for f in files]
+            touch(t for d in state for t in d.values())
+
+        def load(d):
+            def run():
+                out = load_prepared(d, "bf16", "cpu")
+                touch(out[0].state_dict().values())
+            return run
+
+        variants = {"safetensors-bf16": read_bytes, "load_prepared-now": load(now), "load_prepared-before": load(before)}
+        times = c.interleave(variants, rounds, seed=3)
+        print(f"\nprepared copy's dtype: random Llama at 1.1B widths ({layers or c.RANDOM_LLAMAS['random-1b']['num_hidden_layers']} layers, "
+              f"{n_params / 1e9:.2f}B parameters), bf16 checkpoint, loaded for a bf16 cell")
+        print(f"  size: now (bf16) {size(now) / 2**30:.2f} GiB, before (fp32) {size(before) / 2**30:.2f} GiB "
+              f"({size(before) / size(now):.2f}x); SmolLM2 (GGUF, fp32 before and after) "
+              f"{smollm2_size / 2**20:.0f} MiB")
+        for name in variants:
+            print("  " + times.line(name))
+        r_now = times.ratio("load_prepared-now", "safetensors-bf16")
+        r_before = times.ratio("load_prepared-before", "safetensors-bf16")
+        r_gain = times.ratio("load_prepared-before", "load_prepared-now")
+        print(f"  load_prepared / safetensors (the bf16 bytes): now {r_now[0]:.2f}x, before {r_before[0]:.2f}x; "
+              f"before / now {r_gain[0]:.2f}x [{r_gain[1]:.2f}-{r_gain[2]:.2f}]")
+        print(f"\nsummary (dtype): prepared size {size(before) / size(now):.2f}x smaller; a bf16 cell loads "
+              f"{r_gain[0]:.2f}x faster (now {r_now[0]:.2f}x safetensors, before {r_before[0]:.2f}x)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -38,6 +110,9 @@ def main(argv=None) -> int:
                    "(default 2, 1 with --quick)")
     p.add_argument("--model-dir", default=None, help="a prepared SmolLM2 directory (default: prepared once)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None,
+                   help="layers of the 1.1B-width model of the dtype section (default: all 16; 4 with --quick)")
+    p.add_argument("--skip-dtype", action="store_true", help="leave out the prepared copy's dtype section")
     args = p.parse_args(argv)
     args.device, args.seed = "cpu", 0
     c.setup(args)
@@ -121,6 +196,8 @@ def main(argv=None) -> int:
           f"{c.median(gguf.wall['gguf']) - c.median(gguf.wall['load_prepared']):.1f} s of wall time per cell")
     print(f"\nsummary: load_prepared {r[0]:.2f}x safetensors (bf16 {rb[0]:.2f}x); GGUF build {g[0]:.1f}x "
           f"load_prepared")
+    if not args.skip_dtype:
+        stored_dtype(args, rounds, touch, model_dir, size)
     print(f"runtime {time.perf_counter() - t_start:.0f} s")
     return 0
 

@@ -130,6 +130,23 @@ def probe_pairs(config: dict[str, Any], probe: str, model: str, benchmark: str,
             and at_defaults(config, pair.a, (pair.axis, "precision"))]
 
 
+def job_priorities(config: dict[str, Any], cells: list[Cell], pairs: list[Pair]) -> dict[str, int]:
+    """Scheduling priority by cell or pair id (absent: 0). The longest jobs first: a cell
+    without a cache (3), then the probes' inputs, which each probe (the next longest job)
+    waits on: the pairs it explains (2) and their cells (1). Outputs do not depend on it."""
+    priorities: dict[str, int] = {}
+    for probe, model, benchmark in probe_targets(config):
+        if config["probes"][probe]["select"] == "diverged":
+            for pair in probe_pairs(config, probe, model, benchmark, pairs):
+                priorities[pair.id] = 2
+                for cell in (pair.a, pair.b):
+                    priorities[cell.id] = max(priorities.get(cell.id, 0), 1)
+    for cell in cells:
+        if cell.cache == "off":
+            priorities[cell.id] = 3
+    return priorities
+
+
 def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str,
               pairs: list[Pair] | None = None) -> ProbeJob:
     """Everything one probe job depends on (its own model and benchmark only, and the

@@ -7,7 +7,7 @@ import json
 from tokenflip.benchmarks import build_benchmark
 from tokenflip.jobs import COMPARABLE_AXES, Cell, Pair
 from tokenflip.layout import RunLayout
-from tokenflip.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
+from tokenflip.plan import cell_job, expand_cells, expand_pairs, job_priorities, probe_job, probe_targets
 from tokenflip.probes import PROBES
 from tokenflip.summary import summary_tables
 
@@ -39,9 +39,16 @@ def cell_of(wildcards):
     return Cell.from_name(wildcards.model, wildcards.benchmark, wildcards.cell)
 
 
+PRIORITIES = job_priorities(config, CELLS, PAIRS)
+
+
 def generate_priority(wildcards):
-    """Cache-off cells first: they are the longest jobs, so the others fill in beside them."""
-    return 1 if cell_of(wildcards).cache == "off" else 0
+    """Cache-off cells first (the longest jobs), then the cells the probes wait on."""
+    return PRIORITIES.get(cell_of(wildcards).id, 0)
+
+
+def compare_priority(wildcards):
+    return PRIORITIES.get(pair_of(wildcards).id, 0)
 
 
 def cell_job_json(wildcards):

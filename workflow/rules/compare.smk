@@ -10,6 +10,7 @@ rule compare:
         pair=pair_id,
     log:
         LAYOUT.log("compare", "{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}"),
+    priority: compare_priority
     conda:
         "../../envs/tokenflip.yaml"
     shell:

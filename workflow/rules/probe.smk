@@ -18,6 +18,7 @@ for _probe in PROBES:
         log:
             LAYOUT.log("probe", f"{{model}}/{{benchmark}}/{_probe}"),
         threads: generate_threads
+        priority: 4  # the longest jobs after the cache-off cells: start each as soon as its pairs are in
         resources:
             gpu=gpu_tokens,
         conda:
