@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -40,10 +41,13 @@ def write_config(workdir: Path) -> Path:
 def write_test_profile(directory: Path) -> Path:
     """The repository's SLURM profile, sized for a one-node test cluster without slurmdbd."""
     profile = yaml.safe_load(SLURM_PROFILE.read_text())
-    assert "resources" not in profile, "a global `resources: gpu=...` would serialise the whole cluster"
+    # gpu=1 limits one grouped submission; as a global pool it would serialise the whole cluster.
+    assert "gpu=1" in profile["resources"] and "gpu=local" in profile["set-resource-scopes"]
     assert {profile["default-resources"]["slurm_partition"],
             profile["set-resources"]["generate"]["slurm_partition"]} <= set(PARTITIONS)
     profile.update({
+        "cores": 2,  # the test node's CPUs: what one grouped submission may use
+        "resources": ["gpu=1", "mem_mb=600"],
         "jobs": 4,
         "latency-wait": 5,
         # No accounting here: sacct cannot answer, squeue can (MinJobAge is long enough).
@@ -96,26 +100,45 @@ def test_workflow_runs_through_slurm(slurm_cluster, tmp_path, capsys):  # noqa: 
     assert (workdir / "reports" / "wf" / "index.html").exists()
     assert len(list((workdir / "results" / "wf" / "cells").rglob("*.parquet"))) == 4
 
-    # Every job went through sbatch: Snakemake printed a SLURM job id for each, and
-    # slurmctld ran each one to completion on the test node.
+    # Every job went through sbatch, grouped: one submission for the model's prompt checks,
+    # one for its 4 generation cells (group-components 4), one for its 4 comparisons, and
+    # the ungrouped prepare_model, summarize and report: 6 submissions for 11 jobs.
     submitted = SUBMITTED.findall(log)
-    rules = {slurm_id: re.search(r"/rule_(\w+)/", path).group(1) for _, slurm_id, path in submitted}
-    assert Counter(rules.values()) == expected, log[-4000:]
-    gpu_rules = {rule for rule, res in yaml.safe_load(SLURM_PROFILE.read_text())["set-resources"].items()
-                 if res.get("gpu")}
-    assert "generate" in gpu_rules
-    for slurm_id, rule in rules.items():
+    names = {slurm_id: re.search(r"/((?:rule|group)_[\w.-]+)/", path).group(1) for _, slurm_id, path in submitted}
+    assert Counter(names.values()) == {"rule_prepare_model": 1, "group_prompts_tiny-llama": 1,
+                                       "group_generate_tiny-llama": 1, "group_compare_tiny-llama_arith": 1,
+                                       "rule_summarize": 1, "rule_report": 1}, log[-4000:]
+    assert sum(expected.values()) == 11
+    for slurm_id, name in names.items():
         job = show_job(cluster, slurm_id)
-        assert job["JobState"] == "COMPLETED" and job["NodeList"] == cluster.node, (rule, job)
+        assert job["JobState"] == "COMPLETED" and job["NodeList"] == cluster.node, (name, job)
         gpu = "gpu" in job.get("TresPerJob", "")
-        if rule in gpu_rules:
-            # The rule's gpu=1 became `sbatch --gpus=1`, in the GPU partition.
+        if name == "group_generate_tiny-llama":
+            # gpu=1 per cell, run one after the other: the submission asks for one GPU, in the GPU partition.
             assert gpu and job["TresPerJob"].endswith("gpu:1") and job["Partition"] == "gpu", job
         else:
-            assert not gpu and job["Partition"] == "cpu", (rule, job)
+            assert not gpu and job["Partition"] == "cpu", (name, job)
     # The jobs' own SLURM logs (kept by the test profile) come from inside the allocations.
-    slurm_logs = list((workdir / ".snakemake" / "slurm_logs" / "rule_generate").rglob("*.log"))
-    assert len(slurm_logs) == 4
+    slurm_logs = list((workdir / ".snakemake" / "slurm_logs" / "group_generate_tiny-llama").rglob("*.log"))
+    assert len(slurm_logs) == 1
+
+    # Grouping changes where jobs run, not what they compute: the same study run locally
+    # gives the same tokens in every cell and the same divergences in every pair.
+    local = tmp_path / "local"
+    local.mkdir()
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+                          str(local), "--configfile", str(write_config(local)), "--cores", "2", "--resources",
+                          "gpu=1"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    from tokenflip import storage
+
+    for path in sorted((workdir / "results" / "wf" / "cells").rglob("*.parquet")):
+        twin = local / path.relative_to(workdir)
+        assert storage.read_table(path)[1]["token_stream_sha256"] == storage.read_table(twin)[1]["token_stream_sha256"]
+    pairs = [pq.read_table(d / "results" / "wf" / "summary" / "pairs.parquet").to_pandas() for d in (workdir, local)]
+    columns = ["axis", "context", "n_prompts", "n_diverged"]
+    assert pairs[0][columns].sort_values(columns).values.tolist() == pairs[1][columns].sort_values(columns).values.tolist()
 
     with capsys.disabled():
-        print(f"\n[slurm] {len(rules)} SLURM jobs, workflow wall time {wall:.1f}s")
+        print(f"\n[slurm] {len(names)} SLURM submissions for {sum(expected.values())} jobs, "
+              f"workflow wall time {wall:.1f}s")
