@@ -252,6 +252,7 @@ def test_each_axis_takes_its_values_and_renames_nothing_at_its_default():
     ({"kv_dtype": ["int4"], "cache_impl": ["static"]}, "quantized caches are dynamic"),
     ({"compile": ["on"]}, "compile 'on' needs cache_impl 'static'"),
     ({"compile": ["on"], "cache_impl": ["dynamic", "static"]}, "compile 'on' needs cache_impl 'static'"),
+    ({"compile": ["on"], "cache_impl": ["static"], "prefill_chunk": [8]}, "compile 'on' with prefill_chunk '8'"),
     ({"kv_dtype": ["fp4"]}, "grids.0.kv_dtype.0: 'fp4' is not one of"),
     ({"prefill_chunk": [0]}, "grids.0.prefill_chunk.0"),
     ({"cache_impl": ["sliding"]}, "'sliding' is not one of"),

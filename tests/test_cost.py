@@ -80,11 +80,11 @@ def test_the_default_costs_what_its_config_says(tmp_path):
     proc = _plan("--config", str(REPO / "config" / "config.yaml"), "--cost", "--json", "--root", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     cost = json.loads(proc.stdout)
-    # 11 cells on onestep (16 prompts) and 4 on onestep_kv (4 prompts), 32 new tokens each.
-    assert cost["rules"] == {"prepare_model": 1, "check_prompts": 2, "generate": 15, "compare": 16, "probe": 2,
+    # 10 cells on onestep (12 prompts) and 4 on onestep_kv (4 prompts), 32 new tokens each.
+    assert cost["rules"] == {"prepare_model": 1, "check_prompts": 2, "generate": 14, "compare": 13, "probe": 2,
                              "summarize": 1, "report": 1}
-    assert cost["generate"]["prompts"] == 11 * 16 + 4 * 4
-    assert cost["generate"]["generated_tokens"] == (11 * 16 + 4 * 4) * 32
+    assert cost["generate"]["prompts"] == 10 * 12 + 4 * 4
+    assert cost["generate"]["generated_tokens"] == (10 * 12 + 4 * 4) * 32
     assert cost["sources"]["parameters"]["smollm2-135m"] == {"parameters": 135e6, "from": "size in its name"}
     assert cost["sources"]["prompt_tokens"]["smollm2-135m/onestep"]["from"] == "estimated at 4 characters a token"
     assert cost["unknown"] == []

@@ -133,31 +133,32 @@ def test_duplicate_keys_in_yaml_are_refused(tmp_path):
 SHIPPED_PLANS = {
     "config.yaml": dict(
         # onestep_kv (the first 4 prompts): fp32/fp16 x cache on/off at bs1 (4); onestep:
-        # the three precisions at bs1 and bs4 (6) + bf16 with C_gated (1) + bf16 eager (1) +
-        # fp32 with an FP8 E4M3 and an E5M2 KV cache (2) + fp32 with chunked prefill (1)
-        # = 15 cells. Pairs on onestep_kv: cache on/off per precision (2; its precision pairs
-        # would count onestep's first 4 prompts twice: the precision comparisons name
-        # onestep). On onestep: bf16 vs fp16 at bs1 and bs4 (2), fp32 vs bf16 and fp32 vs
-        # fp16 at bs1 and bs4 (4); bs1 vs bs4 per precision (3); none vs C_gated for bf16 (1);
-        # default vs eager attention (1); default vs each FP8 cache (2); default vs chunked
-        # prefill (1): 16.
-        cells=15, pairs={"cache": 2, "precision": 6, "batch_size": 3, "intervention": 1, "attention": 1,
+        # the three precisions at bs1 (3) + bf16 at bs4 (1) + bf16/fp16 with C_gated (2) +
+        # bf16 eager (1) + fp32 with an FP8 E4M3 and an E5M2 KV cache (2) + fp32 with
+        # chunked prefill (1) = 14 cells. Pairs on onestep_kv: cache on/off per precision (2;
+        # its precision pairs would count onestep's first 4 prompts twice: the precision
+        # comparisons name onestep). On onestep: bf16 vs fp16 with and without C (2), fp32 vs
+        # bf16 and fp32 vs fp16 (2); bs1 vs bs4 for bf16 (1); none vs C_gated for bf16 and
+        # fp16 (2); default vs eager attention (1); default vs each FP8 cache (2); default vs
+        # chunked prefill (1): 13.
+        cells=14, pairs={"cache": 2, "precision": 4, "batch_size": 1, "intervention": 2, "attention": 1,
                          "kv_dtype": 2, "prefill_chunk": 1},
         cell_ids=["smollm2-135m/onestep_kv/fp16-off-bs1-greedy-none",
                   "smollm2-135m/onestep_kv/fp16-on-bs1-greedy-none",
-                  "smollm2-135m/onestep/fp16-on-bs4-greedy-none",
+                  "smollm2-135m/onestep/bf16-on-bs4-greedy-none",
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-none-attention=eager",
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-C_gated",
                   "smollm2-135m/onestep/fp32-on-bs1-greedy-none-kv_dtype=fp8_e4m3",
                   "smollm2-135m/onestep/fp32-on-bs1-greedy-none-kv_dtype=fp8_e5m2",
                   "smollm2-135m/onestep/fp32-on-bs1-greedy-none-prefill_chunk=16"],
         absent_cell_ids=["smollm2-135m/onestep/fp16-off-bs1-greedy-none",
+                         "smollm2-135m/onestep/fp16-on-bs4-greedy-none",
                          "smollm2-135m/onestep_kv/bf16-off-bs1-greedy-none",
                          "smollm2-135m/onestep_kv/fp16-on-bs4-greedy-none",
                          "smollm2-135m/onestep/bf16-on-bs4-greedy-C_gated"],
         pair_ids=["smollm2-135m/onestep_kv/cache/on_vs_off/fp16-x-bs1-greedy-none",
-                  "smollm2-135m/onestep/precision/fp32_vs_bf16/x-on-bs4-greedy-none",
-                  "smollm2-135m/onestep/batch_size/1_vs_4/fp16-on-x-greedy-none",
+                  "smollm2-135m/onestep/precision/bf16_vs_fp16/x-on-bs1-greedy-C_gated",
+                  "smollm2-135m/onestep/batch_size/1_vs_4/bf16-on-x-greedy-none",
                   "smollm2-135m/onestep/intervention/none_vs_C_gated/bf16-on-bs1-greedy-x",
                   "smollm2-135m/onestep/attention/default_vs_eager/bf16-on-bs1-greedy-none-attention=x",
                   "smollm2-135m/onestep/kv_dtype/default_vs_fp8_e4m3/fp32-on-bs1-greedy-none-kv_dtype=x",

@@ -19,7 +19,7 @@ from conftest import REPO
 from slurm_cluster import PARTITIONS, slurm_cluster  # noqa: F401  (the fixture)
 
 SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.yaml"
-SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
+SUBMITTED = re.compile(r"Job (\S+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
 
 
 def write_config(workdir: Path) -> Path:
@@ -102,24 +102,27 @@ def test_workflow_runs_through_slurm(slurm_cluster, tmp_path, capsys):  # noqa: 
 
     # Every job went through sbatch, grouped: one submission for the model's prompt checks,
     # one for its 4 generation cells (group-components 4), one for its 4 comparisons, and
-    # the ungrouped prepare_model, summarize and report: 6 submissions for 11 jobs.
+    # the ungrouped prepare_model, summarize and report: 6 submissions for 12 jobs (a group
+    # job's Snakemake id is a UUID).
     submitted = SUBMITTED.findall(log)
     names = {slurm_id: re.search(r"/((?:rule|group)_[\w.-]+)/", path).group(1) for _, slurm_id, path in submitted}
-    assert Counter(names.values()) == {"rule_prepare_model": 1, "group_prompts_tiny-llama": 1,
-                                       "group_generate_tiny-llama": 1, "group_compare_tiny-llama_arith": 1,
+    # (A group's log folder is named by the group and the rules in it.)
+    assert Counter(names.values()) == {"rule_prepare_model": 1, "group_prompts_tiny-llama_check_prompts": 1,
+                                       "group_generate_tiny-llama_generate": 1,
+                                       "group_compare_tiny-llama_arith_compare": 1,
                                        "rule_summarize": 1, "rule_report": 1}, log[-4000:]
-    assert sum(expected.values()) == 11
+    assert sum(expected.values()) == 12
     for slurm_id, name in names.items():
         job = show_job(cluster, slurm_id)
         assert job["JobState"] == "COMPLETED" and job["NodeList"] == cluster.node, (name, job)
         gpu = "gpu" in job.get("TresPerJob", "")
-        if name == "group_generate_tiny-llama":
+        if name == "group_generate_tiny-llama_generate":
             # gpu=1 per cell, run one after the other: the submission asks for one GPU, in the GPU partition.
             assert gpu and job["TresPerJob"].endswith("gpu:1") and job["Partition"] == "gpu", job
         else:
             assert not gpu and job["Partition"] == "cpu", (name, job)
     # The jobs' own SLURM logs (kept by the test profile) come from inside the allocations.
-    slurm_logs = list((workdir / ".snakemake" / "slurm_logs" / "group_generate_tiny-llama").rglob("*.log"))
+    slurm_logs = list((workdir / ".snakemake" / "slurm_logs" / "group_generate_tiny-llama_generate").rglob("*.log"))
     assert len(slurm_logs) == 1
 
     # Grouping changes where jobs run, not what they compute: the same study run locally
@@ -142,3 +145,42 @@ def test_workflow_runs_through_slurm(slurm_cluster, tmp_path, capsys):  # noqa: 
     with capsys.disabled():
         print(f"\n[slurm] {len(names)} SLURM submissions for {sum(expected.values())} jobs, "
               f"workflow wall time {wall:.1f}s")
+
+
+def test_grouping_cuts_the_submissions_of_a_100_cell_study_by_5x(tmp_path):
+    """What the repository's SLURM profile submits for a 100-cell study (two models, two
+    benchmarks), as the real Snakemake plans it: each group job is one sbatch call, each
+    ungrouped job one more. Without the profile's groups, every job is a submission."""
+    grid = {"precision": ["fp32", "bf16", "fp16"], "cache": ["on", "off"], "batch_size": [1],
+            "repeat": ["default", 2, 3, 4]}
+    config = {"run": "s100",
+              "models": {"tiny-a": {"source": "random", "architecture": "llama", "seed": 0},
+                         "tiny-b": {"source": "random", "architecture": "llama", "seed": 1}},
+              "benchmarks": {"arith": {"kind": "arithmetic", "n": 2, "max_new_tokens": 2},
+                             "arith2": {"kind": "arithmetic", "n": 2, "seed": 5, "max_new_tokens": 2}},
+              "generation": {"record_top_k": 4, "device": "cpu", "threads": 1},
+              "grids": [grid, {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "repeat": [5]}],
+              "comparisons": [{"axis": "cache", "a": "on", "b": "off"}, {"axis": "precision", "a": "fp32", "b": "bf16"}]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+           "--configfile", str(path), "-n"]
+    plain = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    grouped = subprocess.run([*cmd, "--profile", str(SLURM_PROFILE.parent)], capture_output=True, text=True,
+                             timeout=300)
+    assert plain.returncode == 0 and grouped.returncode == 0, plain.stderr[-2000:] + grouped.stderr[-2000:]
+    jobs = Counter(re.findall(r"^(?:local)?rule (\w+):", plain.stdout, flags=re.M))
+    assert jobs["generate"] == 100 and jobs["compare"] == 80
+    del jobs["all"]  # runs in Snakemake's own process
+    groups = Counter(re.findall(r"Group job (\S+) \(jobs in", grouped.stdout))
+    ungrouped = Counter(re.findall(r"^(?:local)?rule (\w+):", grouped.stdout, flags=re.M))
+    del ungrouped["all"]
+    # Per model: 50 cells in 13 GPU submissions of up to 4, one for its prompt checks,
+    # one per benchmark for its comparisons; prepare_model, summarize and report alone.
+    assert groups == {"generate_tiny-a": 13, "generate_tiny-b": 13, "prompts_tiny-a": 1, "prompts_tiny-b": 1,
+                      "compare_tiny-a_arith": 1, "compare_tiny-a_arith2": 1, "compare_tiny-b_arith": 1,
+                      "compare_tiny-b_arith2": 1}
+    assert ungrouped == {"prepare_model": 2, "summarize": 1, "report": 1}
+    submissions = sum(groups.values()) + sum(ungrouped.values())
+    assert sum(jobs.values()) == 188 and submissions == 36
+    assert sum(jobs.values()) / submissions >= 5

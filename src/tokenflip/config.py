@@ -312,6 +312,9 @@ def _cache_form_problems(config: dict[str, Any]):
             if "dynamic" in values(grid, "cache_impl"):
                 yield (f"{where}: compile 'on' needs cache_impl 'static' in every cell: generate() compiles the "
                        f"forward only with a static cache (a dynamic one changes shape at every step)")
+            if changed["prefill_chunk"]:
+                yield (f"{where}: compile 'on' with prefill_chunk {changed['prefill_chunk'][0]!r}: generate() also "
+                       f"compiles a chunked prefill, and only the compiled decode steps are built to equal it")
             for label in values(grid, "intervention"):
                 kind = config["interventions"].get(label, {}).get("kind", "none")
                 if kind in INTERVENTIONS and INTERVENTIONS[kind].loads:

@@ -192,12 +192,10 @@ def decode(
         if hooks is not None:
             cache = hooks.before(step, cache)
         if use_cache and step == 0 and (cached or form.prefill_chunk):
-            # generate() runs a chunked prefill through its compiled call when it compiles.
-            run = forward_steps if form.prefill_chunk else model
             for lo, hi in seqs.chunks(cached, form.prefill_chunk):
-                out = run(input_ids=seqs.ids[:, lo:hi], position_ids=seqs.positions[:, lo:hi], cache=cache,
-                          attention_mask=None if seqs.mask is None else seqs.mask[:, :hi], use_cache=True,
-                          logits_to_keep=1, return_dict=True)
+                out = model(input_ids=seqs.ids[:, lo:hi], position_ids=seqs.positions[:, lo:hi], cache=cache,
+                            attention_mask=None if seqs.mask is None else seqs.mask[:, :hi], use_cache=True,
+                            logits_to_keep=1, return_dict=True)
                 cache = out.cache
         elif use_cache and step > 0 and form.compiled:
             # A compiled graph is specialised on its inputs: the compiled steps take exactly the

@@ -235,32 +235,31 @@ def form_claims(forms: pd.DataFrame) -> list[dict[str, Any]]:
             for (model, precision, form), g in forms.groupby(["model", "precision", "form"])]
 
 
+def _kl_lines(data: pd.DataFrame, hue: str, label: str) -> str:
+    """Per-step KL along a shared trajectory, one line per `hue` (median and range over
+    prompts), log scale; zeros drawn at 1e-20."""
+    data = data.assign(kl_plot=data["kl"].clip(lower=1e-20))
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    sns.lineplot(data=data, x="step", y="kl_plot", hue=hue, style=_model_style(data),
+                 errorbar=("pi", 100), estimator="median", ax=ax)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"{label} per step (median, range)")
+    ax.set_xlabel("generated token")
+    return _svg(fig)
+
+
 def form_kl_figure(forms: pd.DataFrame) -> str | None:
     """Per-step KL(default‖form) along the default cache's trajectory, per cache form."""
     if forms.empty or not (forms["kl"] > 0).any():
         return None
-    data = forms.assign(kl_plot=forms["kl"].clip(lower=1e-20), variant=forms["form"] + ", " + forms["precision"])
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    sns.lineplot(data=data, x="step", y="kl_plot", hue="variant", style=_model_style(data),
-                 errorbar=("pi", 100), estimator="median", ax=ax)
-    ax.set_yscale("log")
-    ax.set_ylabel("KL(default‖form) per step (median, range)")
-    ax.set_xlabel("generated token")
-    return _svg(fig)
+    return _kl_lines(forms.assign(variant=forms["form"] + ", " + forms["precision"]), "variant", "KL(default‖form)")
 
 
 def kl_figure(steps: pd.DataFrame) -> str | None:
     """Per-step KL(ON‖OFF) along a shared trajectory, per precision, log scale (paper Fig. 3)."""
     if steps.empty:
         return None
-    data = steps.assign(kl_plot=steps["kl"].clip(lower=1e-20))
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    sns.lineplot(data=data, x="step", y="kl_plot", hue="precision", style=_model_style(data),
-                 errorbar=("pi", 100), estimator="median", ax=ax)
-    ax.set_yscale("log")
-    ax.set_ylabel("KL(ON‖OFF) per step (median, range)")
-    ax.set_xlabel("generated token")
-    return _svg(fig)
+    return _kl_lines(steps, "precision", "KL(ON‖OFF)")
 
 
 def flip_kl_figure(steps: pd.DataFrame) -> str | None:
