@@ -24,6 +24,7 @@ prefill's attention and stores them quantized for the steps after it.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.metadata
 import importlib.util
 import shutil
@@ -70,14 +71,13 @@ def kv_dtype_unavailable(kv_dtype: str) -> str | None:
     return None
 
 
-def _fp8_layer(dtype):
-    """The library's FP8 cache layer storing `dtype` (it ships E4M3; E5M2 is the same layer
-    with the other format's range)."""
+@functools.cache
+def _fp8_e5m2_layer():
+    """The library's FP8 cache layer (it ships E4M3) storing E5M2, with that format's range."""
     import torch
     from transformers.cache_utils import Fp8QuantizedLayer
 
-    if dtype == torch.float8_e4m3fn:
-        return Fp8QuantizedLayer
+    dtype = torch.float8_e5m2
 
     class Fp8E5M2Layer(Fp8QuantizedLayer):
         """E5M2 has infinities: a later token beyond the frozen scale's range would be stored
@@ -128,9 +128,7 @@ class CacheForm:
             except ValueError as exc:  # e.g. sliding-window layers, which no quantized layer supports
                 raise CacheFormError(f"kv_dtype {self.kv_dtype}: {exc}") from None
             if self.kv_dtype == "fp8_e5m2":
-                import torch
-
-                cache.layers = [_fp8_layer(torch.float8_e5m2)() for _ in cache.layers]
+                cache.layers = [_fp8_e5m2_layer()() for _ in cache.layers]
             return cache
         if self.impl == "static":
             return StaticCache(config=config, max_cache_len=max_len)

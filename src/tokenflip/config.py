@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
-from .jobs import AXIS_DEFAULTS, COMPARABLE_AXES
+from .jobs import AXIS_DEFAULTS, CACHE_FORM_AXES, COMPARABLE_AXES
 from .registry import kinds_schema
 
 # Shipped inside the package, so that any installation (not only a checkout) validates.
@@ -177,8 +177,7 @@ def _benchmark_problems(config: dict[str, Any]):
     for name, spec in config["benchmarks"].items():
         try:
             bench = build_benchmark(name, spec)
-            sources = [getattr(bench, attr, None) for attr in ("source", "exemplar_source")]
-            if any(src is not None and src.hub is not None for src in sources):
+            if bench.reads_hub:
                 continue
             bench.items()
             if hasattr(bench, "shot_tasks"):
@@ -291,8 +290,7 @@ def _cache_form_problems(config: dict[str, Any]):
 
     for i, grid in enumerate(config["grids"]):
         where = f"grids.{i}"
-        changed = {axis: [v for v in values(grid, axis) if v != AXIS_DEFAULTS[axis]]
-                   for axis in ("prefill_chunk", "prefix_cache", "kv_dtype", "cache_impl", "compile")}
+        changed = {axis: [v for v in values(grid, axis) if v != AXIS_DEFAULTS[axis]] for axis in CACHE_FORM_AXES}
         if "off" in grid["cache"]:
             for axis, vs in changed.items():
                 if vs:

@@ -59,15 +59,21 @@ def model_parameters(name: str, spec: dict[str, Any], models_dir: Path) -> tuple
 
 def _local_benchmark(name: str, spec: dict[str, Any]):
     """The benchmark if its items can be read here without the hub (None otherwise: the
-    hub is reached by the cells, never by planning)."""
+    hub is reached by the cells, never by planning). Built once per benchmark: its count
+    and every model's prompt-length estimate read the same items."""
     from .benchmarks import BenchmarkError, build_benchmark
 
-    try:
-        bench = build_benchmark(name, spec)
-    except (BenchmarkError, OSError, ValueError, KeyError):
-        return None
-    sources = [getattr(bench, attr, None) for attr in ("source", "exemplar_source")]
-    return None if any(src is not None and src.hub is not None for src in sources) else bench
+    key = (name, json.dumps(spec, sort_keys=True))
+    if key not in _BENCHMARKS:
+        try:
+            bench = build_benchmark(name, spec)
+            _BENCHMARKS[key] = None if bench.reads_hub else bench
+        except (BenchmarkError, OSError, ValueError, KeyError):
+            _BENCHMARKS[key] = None
+    return _BENCHMARKS[key]
+
+
+_BENCHMARKS: dict[tuple[str, str], Any] = {}
 
 
 def prompt_lengths(config: dict[str, Any], model: str, bench_name: str, root: str | None,

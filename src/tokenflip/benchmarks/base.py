@@ -180,14 +180,22 @@ class Benchmark(ABC):
                 parts.append(f" {message['content'].strip()}\n\n")
         return "".join(parts)
 
+    def sources(self) -> list:
+        """Where the items and the exemplars come from (the kinds that read data)."""
+        return [src for src in (getattr(self, attr, None) for attr in ("source", "exemplar_source")) if src is not None]
+
+    @property
+    def reads_hub(self) -> bool:
+        """Whether any of its data is on the hub: fetched by the cells, never when planning."""
+        return any(src.hub is not None for src in self.sources())
+
     def data_files(self) -> list[str]:
         """The local files the benchmark's items and prompts are read from (a `path` source,
         an installed package's file; exemplar and shot sources too): inputs of the jobs that
         read them, so that an edited file reruns them. Hub sources have none."""
         files = []
-        for attr in ("source", "exemplar_source"):
-            source = getattr(self, attr, None)
-            if source is None or source.hub is not None:
+        for source in self.sources():
+            if source.hub is not None:
                 continue
             path = str(source.path) if source.path is not None else str(source.package_file())
             if path not in files:
