@@ -166,6 +166,20 @@ SHIPPED_PLANS = {
         absent_pair_ids=["smollm2-135m/onestep/cache/on_vs_off/fp16-x-bs1-greedy-none",
                          "smollm2-135m/onestep_kv/precision/fp32_vs_bf16/x-off-bs1-greedy-none",
                          "smollm2-135m/onestep/intervention/none_vs_C_gated/fp32-on-bs1-greedy-x"]),
+    "engines.yaml": dict(
+        # transformers fp32 on/off (2) + llama.cpp fp32/fp16 on/off (4); pairs: cache on vs off
+        # in each engine and llama.cpp precision (3), transformers vs llama.cpp in fp32 on and
+        # off (2), llama.cpp fp32 vs fp16 on and off (2).
+        cells=6, pairs={"cache": 3, "engine": 2, "precision": 2},
+        cell_ids=["smollm2-135m/onestep/fp16-off-bs1-greedy-none-engine=llama.cpp",
+                  "smollm2-135m/onestep/fp32-off-bs1-greedy-none"],
+        absent_cell_ids=["smollm2-135m/onestep/fp16-on-bs1-greedy-none",
+                         "smollm2-135m/onestep/bf16-on-bs1-greedy-none-engine=llama.cpp"],
+        pair_ids=["smollm2-135m/onestep/engine/transformers_vs_llama.cpp/fp32-off-bs1-greedy-none-engine=x",
+                  "smollm2-135m/onestep/cache/on_vs_off/fp16-x-bs1-greedy-none-engine=llama.cpp",
+                  "smollm2-135m/onestep/precision/fp32_vs_fp16/x-on-bs1-greedy-none-engine=llama.cpp"],
+        absent_pair_ids=["smollm2-135m/onestep/engine/transformers_vs_llama.cpp/fp16-on-bs1-greedy-none-engine=x",
+                         "smollm2-135m/onestep/precision/fp32_vs_fp16/x-on-bs1-greedy-none"]),
     "paper-kv-cache.yaml": dict(
         cells=24, pairs={"cache": 12, "precision": 6},
         cell_ids=["llama2-7b/gsm8k/fp16-off-bs1-topp09-none",

@@ -34,12 +34,15 @@ _AXIS_PROVENANCE = {
     "decoding": ("settings.decoding",),
     # The dtype a cell loads the stored weights in follows its precision (and, for the
     # interventions that load fp32 weights, the intervention).
-    "precision": ("model.weights",),
+    "precision": ("model.weights", "engine.kv_cache_type"),  # llama.cpp's KV cache type follows the precision
     "intervention": ("settings.intervention", "model.weights"),
     "threads": ("settings.threads", "environment.device.threads"),
     "device": ("settings.device", "environment.device"),
     "deterministic": ("environment.determinism",),
     **{axis: ("cache_form",) for axis in CACHE_FORM_AXES},
+    # Another engine reads the same model's GGUF (its weights recorded as such), caches in
+    # its own way and records its own version and build.
+    "engine": ("engine", "model.weights", "cache_form"),
 }
 
 

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
+from . import engines
 from .jobs import AXIS_DEFAULTS, CACHE_FORM_AXES, COMPARABLE_AXES
 from .registry import kinds_schema
 
@@ -270,6 +271,7 @@ def _semantic_problems(config: dict[str, Any]):
                            f"(defined: {sorted(config[key])})")
     if not undefined:
         yield from _cache_form_problems(config)
+        yield from engines.config_problems(config, AXIS_DEFAULTS)
     if not undefined:
         cells = expand_cells(config)
         for i, comp in enumerate(config["comparisons"]):

@@ -216,7 +216,7 @@ def decode(
         del out
         chosen = select(logits, step)
         fired = model.fired() if hasattr(model, "fired") else getattr(model.get_output_embeddings(), "fired", None)
-        _record(generations, logits, chosen, unfinished, record_top_k, fired)
+        record_step(generations, logits, chosen, unfinished, record_top_k, fired)
         chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_token_id))
         seqs.append(chosen)
         steps += 1
@@ -236,8 +236,9 @@ def decode(
     return BatchResult(generations, time.perf_counter() - start, steps)
 
 
-def _record(generations: list[Generation], logits: torch.Tensor, chosen: torch.Tensor,
-            unfinished: torch.Tensor, k: int, fired: torch.Tensor | None) -> None:
+def record_step(generations: list[Generation], logits: torch.Tensor, chosen: torch.Tensor,
+                unfinished: torch.Tensor, k: int, fired: torch.Tensor | None) -> None:
+    """Append one step (chosen token, top-k, margin, logsumexp, entropy) to each unfinished row."""
     stats = {name: t.cpu() for name, t in step_statistics(logits, k).items()}
     chosen = chosen.cpu().tolist()
     active = unfinished.cpu().tolist()

@@ -25,9 +25,10 @@ NAME_AXES = ("precision", "cache", "batch_size", "decoding", "intervention")
 # The cache forms serving engines turn on (see `caches`): how the prompt is prefilled
 # (`prefill_chunk`), a shared prefix computed once (`prefix_cache`), the cached keys' and
 # values' storage format (`kv_dtype`), a static cache (`cache_impl`), a compiled forward.
+# `engine`: the inference engine that runs the cell (`engines`: transformers or llama.cpp).
 EXTRA_AXES = {"attention": "default", "threads": "default", "device": "default", "deterministic": "default",
               "repeat": "default", "prefill_chunk": "default", "prefix_cache": "off", "kv_dtype": "default",
-              "cache_impl": "dynamic", "compile": "off"}
+              "cache_impl": "dynamic", "compile": "off", "engine": "transformers"}
 CACHE_FORM_AXES = ("prefill_chunk", "prefix_cache", "kv_dtype", "cache_impl", "compile")
 COMPARABLE_AXES = NAME_AXES + tuple(EXTRA_AXES)
 AXIS_DEFAULTS = {"decoding": "greedy", "intervention": "none", **EXTRA_AXES}
@@ -56,6 +57,7 @@ class Cell:
     kv_dtype: str = "default"
     cache_impl: str = "dynamic"
     compile: str = "off"
+    engine: str = "transformers"
 
     @property
     def name(self) -> str:

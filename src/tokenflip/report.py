@@ -926,7 +926,7 @@ def _device_label(environment: dict[str, Any]) -> str:
 def _environment(rows: pd.DataFrame) -> dict[str, Any]:
     """Software, device and determinism of the run (the first machine's), and each model's
     and benchmark's provenance, from the summary's environment table."""
-    env: dict[str, Any] = {"models": {}, "benchmarks": {}}
+    env: dict[str, Any] = {"models": {}, "benchmarks": {}, "engines": {}}
     for row in rows.itertuples() if not rows.empty else ():
         value = json.loads(row.json)
         if row.kind in ("software", "device", "determinism"):

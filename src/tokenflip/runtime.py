@@ -55,9 +55,11 @@ def check_prompts(tokenizer, bench) -> dict:
 
 
 def eos_ids(model, tokenizer) -> list[int]:
-    """Every id that ends generation: the generation config's and the tokenizer's EOS."""
+    """Every id that ends generation: the generation config's and the tokenizer's EOS.
+    `model`: a model, or its generation config (what an engine without one reads from the
+    prepared model's directory)."""
     ids = set()
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    gen_eos = getattr(getattr(model, "generation_config", model), "eos_token_id", None)
     for value in (gen_eos, tokenizer.eos_token_id):
         if isinstance(value, int):
             ids.add(value)

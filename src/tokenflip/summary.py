@@ -348,7 +348,8 @@ def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
         for kind, name, value in (("software", env["device"]["name"], env["software"]),
                                   ("device", env["device"]["name"], env["device"]),
                                   ("determinism", env["device"]["name"], env["determinism"]),
-                                  ("model", model, meta["model"]), ("benchmark", bench, meta["benchmark"])):
+                                  ("model", model, meta["model"]), ("benchmark", bench, meta["benchmark"]),
+                                  ("engine", meta.get("engine", {}).get("name", "transformers"), meta.get("engine"))):
             if (kind, name) not in seen:
                 seen.add((kind, name))
                 rows.append({"kind": kind, "name": name, "json": json.dumps(value, sort_keys=True, default=str)})

@@ -117,7 +117,10 @@ def probe_out_dir(probe):
 def job_device(wildcards):
     """Where a generation or probe job runs: its cell's device axis, else the run's
     `generation.device`; `auto` means CUDA when this machine has it."""
-    device = cell_of(wildcards).device if "cell" in wildcards.keys() else "default"
+    cell = cell_of(wildcards) if "cell" in wildcards.keys() else None
+    if cell is not None and cell.engine == "llama.cpp":
+        return "cpu"  # the llama-cpp-python build is a CPU build
+    device = cell.device if cell is not None else "default"
     if device == "default":
         device = config["generation"]["device"]
     if device == "auto":
