@@ -24,7 +24,7 @@ from tokenflip.benchmarks import (
     extract_code,
     run_program,
 )
-from tokenflip.benchmarks.execution import tagged_processes
+from tokenflip.sandbox.execution import tagged_processes
 from tokenflip.benchmarks.humaneval import INSTRUCTION
 from tokenflip.benchmarks.mbpp import extract_mbpp_code, task_prompt
 
@@ -400,7 +400,7 @@ def test_skipping_the_tests_does_not_pass():
     ids=["memory", "cpu", "file size"],
 )
 def test_resource_limits(program, limits, status, stderr):
-    from tokenflip.benchmarks.execution import TestProgram, run_sample
+    from tokenflip.sandbox.execution import TestProgram, run_sample
 
     start = time.monotonic()
     result = run_sample(program, TestProgram("", "pass\n", ()), limits)
@@ -409,7 +409,7 @@ def test_resource_limits(program, limits, status, stderr):
 
 
 def test_solution_environment_is_minimal_and_isolated(tmp_path, monkeypatch):
-    from tokenflip.benchmarks.execution import TestProgram, run_sample
+    from tokenflip.sandbox.execution import TestProgram, run_sample
 
     monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

@@ -16,7 +16,7 @@ import yaml
 
 from tokenflip import compare
 from tokenflip.benchmarks import HumanEvalBenchmark, build_benchmark
-from tokenflip.benchmarks.execution import Limits
+from tokenflip.sandbox.execution import Limits
 
 from conftest import SHARED_DATA
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tokenflip.benchmarks import BenchmarkError, build_benchmark
-from tokenflip.benchmarks.execution import (
+from tokenflip.sandbox.execution import (
     Layers,
     Limits,
     TestProgram,
@@ -667,7 +667,7 @@ def test_sample_dies_with_the_scorer_on_kill_9():
     sandboxes (and everything in them) down, and leaves no directory behind."""
     before = _workdirs()
     code = textwrap.dedent("""
-        from tokenflip.benchmarks.execution import run_sample, TestProgram, Limits
+        from tokenflip.sandbox.execution import run_sample, TestProgram, Limits
         solution = "import signal, time\\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\\n"
         solution += "def wait():\\n    time.sleep(3600)\\n"
         print('started', flush=True)

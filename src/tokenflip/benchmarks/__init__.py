@@ -10,7 +10,7 @@ from ..registry import Registry
 from .base import (COMMON_SPEC_SCHEMA, MATH_SYSTEM_PROMPT, SOURCE_SCHEMA, VERDICTS, Benchmark, BenchmarkError, Item,
                    MathBenchmark, Score)
 from .coding import CodeBenchmark, extract_code
-from .execution import ExecutionResult, Layers, Limits, available_layers, run_program
+from ..sandbox import ExecutionResult, Layers, Limits, available_layers, run_program
 from .gsm8k import DEFAULT_CONFIG, DEFAULT_EXEMPLAR_SPLIT, DEFAULT_HUB_ID, DEFAULT_SPLIT, GSM8KBenchmark
 from .humaneval import HumanEvalBenchmark
 from .math500 import Math500Benchmark

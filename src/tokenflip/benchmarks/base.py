@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .answers import NUMERIC_RULES, answers_match, find_answer
+from .errors import BenchmarkError
+from .sources import parse_source
 
 __all__ = [
     "BenchmarkError",
@@ -18,10 +20,6 @@ __all__ = [
 ]
 
 MATH_SYSTEM_PROMPT = "Solve the math word problem step by step. End with a line '#### <number>'."
-
-
-class BenchmarkError(ValueError):
-    """A benchmark cannot be built or loaded from its spec."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +106,6 @@ class Benchmark(ABC):
         """Build from a config entry: its keys besides kind and max_new_tokens are the
         constructor's keyword arguments; a `source` mapping is parsed against the kind's
         default source."""
-        from .sources import parse_source
-
         options = {k: v for k, v in spec.items() if k not in ("kind", "max_new_tokens", "stop", *PROMPT_KEYS)}
         if "source" in cls.spec_schema:
             options["source"] = parse_source(f"benchmark {name!r} ({cls.kind})", options.get("source"),

@@ -13,7 +13,7 @@ import warnings
 from abc import abstractmethod
 
 from .base import Benchmark, BenchmarkError, Item, Score
-from .execution import ExecutionResult, Limits, TestProgram, available_layers, run_sample, sandbox_description
+from ..sandbox import ExecutionResult, Limits, TestProgram, available_layers, run_sample, sandbox_description
 
 __all__ = ["CodeBenchmark", "extract_code", "find_code", "parses", "names_from_solution", "VERDICT_OF_STATUS"]
 

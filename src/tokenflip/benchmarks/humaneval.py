@@ -8,7 +8,7 @@ import textwrap
 
 from .base import SOURCE_SCHEMA, BenchmarkError, Item
 from .coding import CodeBenchmark, find_code, parses, top_level_names
-from .execution import TestProgram
+from ..sandbox import TestProgram
 from .sources import Source, check_local, load_records
 
 __all__ = ["HumanEvalBenchmark", "DEFAULT_SOURCE", "INSTRUCTION", "assemble"]

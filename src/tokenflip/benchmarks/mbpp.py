@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .base import SOURCE_SCHEMA, BenchmarkError, Item
 from .coding import CodeBenchmark, find_code, names_from_solution
-from .execution import TestProgram
+from ..sandbox import TestProgram
 from .sources import Source, check_local, load_records
 
 __all__ = ["MBPPBenchmark", "SPLITS", "DEFAULT_HUB_ID", "TEST_TASK_IDS", "SHOT_TASK_IDS", "task_prompt",

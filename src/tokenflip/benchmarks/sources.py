@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .base import BenchmarkError
+from .errors import BenchmarkError
 
 __all__ = ["Source", "parse_source", "check_local", "load_records", "HUB_KEYS", "PATH_KEYS", "PACKAGE_KEYS"]
 

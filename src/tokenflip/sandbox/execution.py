@@ -7,7 +7,7 @@ fail. Only plain data crosses between them (see `_wire`), so nothing the candida
 take part in a comparison, and nothing the candidate can read (its own memory, frames or files)
 holds the verdict, the tests or the expected values.
 
-Each process runs in a bubblewrap sandbox (see `sandbox`): a read-only view of the interpreter
+Each process runs in a bubblewrap sandbox (see `bwrap`): a read-only view of the interpreter
 and its standard library only, a private size-limited tmpfs, fresh user, PID, network, IPC and
 UTS namespaces, no capabilities, an unprivileged uid, no process creation (seccomp), hard
 resource limits, death with the scorer. Where the machine cannot provide that, `Layers.missing`
@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from . import sandbox
+from . import bwrap as sandbox
 
 __all__ = [
     "Limits",
@@ -434,7 +434,7 @@ def sandbox_description(limits: Limits = Limits(), layers: Layers | None = None)
     """The sandbox a benchmark scores with, for provenance: what it guarantees and what not."""
     layers = layers or available_layers()
     return {
-        "runner": "tokenflip.benchmarks.execution (trusted test process + sandboxed candidate process per sample)",
+        "runner": "tokenflip.sandbox.execution (trusted test process + sandboxed candidate process per sample)",
         "python": sys.executable,
         "python_version": sys.version.split()[0],
         "layers": layers.names(),

@@ -1,0 +1,109 @@
+"""The package's shape: imports point one way (no cycle, counting the imports inside
+functions too), and modules stay small enough to read."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGE = REPO / "src" / "tokenflip"
+
+# Modules allowed above MAX_LINES, each with the reason.
+MAX_LINES = 400
+LONG_MODULES = {
+    "report.py": "page assembly, the figures and the tables of the report in one module (to be split)",
+    "paper.py": "the papers' rows as data (ROWS) beside the statistics they use",
+    "sandbox/execution.py": "the two-process scorer: limits, layers, process lifecycle and verdict in one contract",
+}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """Module → the package's modules it imports, at module level or inside functions."""
+    root = package_dir.parent
+    modules = {_module_name(p, root): p for p in package_dir.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    deps.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_walker_finds_a_cycle_through_a_function_level_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import x\n")
+    (pkg / "sub" / "a.py").write_text("from .b import y\nx = 1\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..sub.a import x\n    return x\ny = 2\n")
+    (pkg / "c.py").write_text("from . import sub\n")
+    assert cycles(import_graph(pkg)) == [["pkg.sub.a", "pkg.sub.b"]]
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph(PACKAGE)
+    assert "tokenflip.benchmarks.sources" in graph["tokenflip.benchmarks.base"]  # the walker sees the package
+    assert cycles(graph) == []
+
+
+def test_the_sandbox_knows_nothing_about_benchmarks():
+    graph = import_graph(PACKAGE)
+    sandbox = [m for m in graph if m.startswith("tokenflip.sandbox")]
+    assert {"tokenflip.sandbox.execution", "tokenflip.sandbox.bwrap"} <= set(sandbox)
+    assert not {d for m in sandbox for d in graph[m] if not d.startswith("tokenflip.sandbox")}
+
+
+def test_modules_stay_short_or_say_why():
+    long = {str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines())
+            for p in PACKAGE.rglob("*.py")}
+    over = {name: n for name, n in long.items() if n > MAX_LINES}
+    assert set(over) <= set(LONG_MODULES), {name: n for name, n in over.items() if name not in LONG_MODULES}
+    stale = set(LONG_MODULES) - set(over)
+    assert not stale, f"now short, remove from LONG_MODULES: {stale}"
