@@ -152,3 +152,24 @@ def test_the_cost_per_trigger_divides_the_extra_compute_by_the_trigger_rate():
     study = Study(identity=STUDY.identity, kind={"gsm8k": "gsm8k"}, format={"gsm8k": "bare"},
                   c_labels=frozenset({"C_gated"}), b8_labels=frozenset({"B8"}))
     assert rows(Tables(cells=cells), study)["cost per trigger, whole head (C) over top-8 (B)"]["ours"] == "40×"
+
+
+def test_the_papers_table_comes_first_only_for_a_reproduction():
+    """A paper config (the paper's own models) puts that paper's rows first, all of them; a
+    study of other models (stand-ins) shows only the rows it has data for, after its own
+    sections."""
+    from tokenflip.report.page import paper_placement
+
+    def row(paper, ours, conditions):
+        return {"paper": paper, "claim": f"{paper} {ours} {conditions}", "ours": ours, "our_conditions": conditions}
+
+    reproduction = [row("KV", "100%", "llama2-7b; gsm8k"), row("KV", "0%", "gemma2-2b; gsm8k"),
+                    row("KV", "–", "not in this run"), row("P", "–", "not in this run"),
+                    row("P", "41%", "tiny, in place of TinyLlama")]
+    placed = paper_placement(reproduction)
+    assert placed["paper_first"] and placed["paper_total"] == 5
+    assert [r["claim"] for r in placed["paper_rows"]] == [r["claim"] for r in reproduction[:3]] + [reproduction[4]["claim"]]
+    stand_ins = [row("KV", "100%", "tiny, in place of LLaMA-2-7B"), row("KV", "–", "not in this run"),
+                 row("P", "–", "not in this run"), row("P", "–", "not in this run")]
+    placed = paper_placement(stand_ins)
+    assert not placed["paper_first"] and [r["ours"] for r in placed["paper_rows"]] == ["100%"]

@@ -1,0 +1,19 @@
+"""Render a run's summaries into one self-contained HTML file (figures inline as SVG).
+
+`page` assembles the page from `figures`, `tables` and the `overview` heatmaps, which share
+`common`; adding a figure touches `figures`, `page` and the template.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")  # before any module imports pyplot: no display is needed or wanted
+
+import seaborn as sns  # noqa: E402
+
+sns.set_theme(style="whitegrid", context="paper")
+
+from .common import _fmt  # noqa: E402
+from .page import render, render_partial, write_tables  # noqa: E402
+from .tables import kv_claims, probe_claims  # noqa: E402
+
+__all__ = ["render", "render_partial", "write_tables", "kv_claims", "probe_claims", "_fmt"]

@@ -1,0 +1,152 @@
+"""What the report's figures and tables share: number formatting, the SVG export, the
+labels of conditions and models, and the frames several of them read."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from .. import paper, stats, storage
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.2e}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _pct(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{100 * value:.1f}%"
+
+
+# Inline SVGs are shown at this multiple of their size in points, so that every figure's
+# text reads at the same size (about 14 px for seaborn's "paper" context) whatever its
+# figsize; CSS shrinks them to the column on narrow screens.
+FIGURE_SCALE = 1.3
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    # Links within the page (a heatmap's row label to its drill-down) open in place.
+    svg = re.sub(r'(<a xlink:href="#[^"]*") target="_blank"', r"\1", svg)
+    head, rest = svg.split(">", 1)
+    head = re.sub(r'\b(width|height)="([0-9.]+)pt"',
+                  lambda m: f'{m.group(1)}="{float(m.group(2)) * FIGURE_SCALE:.1f}pt"', head)
+    return f"{head}>{rest}"
+
+
+# Figures drawn per pair, per model or per point stay as they are up to these sizes; above
+# them they aggregate (per condition, over models) or rasterise their points, so that a
+# study of thousands of pairs keeps figures of the same height and a file of a few MB.
+MAX_PAIR_ROWS = 24
+
+
+MAX_MODEL_STYLES = 4
+
+
+MAX_VECTOR_POINTS = 2000
+
+
+def _model_style(data: pd.DataFrame) -> str | None:
+    """One line style per model for a few models; above that the lines pool the models
+    (the overview's heatmaps show them one by one)."""
+    return "model" if data["model"].nunique() <= MAX_MODEL_STYLES else None
+
+
+def _read_optional(path: Path) -> pd.DataFrame:
+    return storage.read_table(path)[0].to_pandas() if path.exists() else pd.DataFrame()
+
+
+# Whole-state patches of the KV-cache probe, in reading order (the per-layer ones are drawn
+# against the layer).
+WHOLE_PATCHES = ("residual stream", "kv cache")
+
+
+# What each patching table gives per group of patched steps.
+PATCH_FIGURES = dict(experiments=("kl", "size"), median_kl=("kl", "median"), recovered=("kl_recovered", "median"),
+                     flips=("flip", "sum"))
+
+
+# Grafting sites in the order of the forward pass, and the label of each as a column.
+GRAFT_ORDER = {"embedding": -2, "final_norm": 10_000, "kv_cache": 10_001}
+
+
+GRAFT_COLUMNS = {-2: "emb", 10_000: "norm", 10_001: "KV"}
+
+
+def graft_frame(grafting: pd.DataFrame) -> pd.DataFrame:
+    """Grafting rows with `into` (the run grafted into, ← the precision grafted from) and a
+    `position` that orders the sites as the forward pass meets them."""
+    into, source = paper.graft_ends(grafting)
+    position = grafting["site"].map(GRAFT_ORDER).fillna(grafting["layer"]).astype(int)
+    return grafting.assign(into=into + " ← " + source, position=position)
+
+
+def condition_labels(rows: pd.DataFrame) -> pd.Series:
+    """What a pair compares, without model and benchmark: 'axis: a vs b', plus the shared
+    precision where the study varies it (cache ON vs OFF in fp32 is another finding than
+    in fp16)."""
+    base = rows["axis"].astype(str) + ": " + rows["a"].astype(str) + " vs " + rows["b"].astype(str)
+    if "precision" not in rows:
+        return base
+    varied = rows.groupby("axis")["precision"].transform(lambda p: p.nunique() > 1)
+    with_precision = varied & rows["precision"].notna() & (rows["axis"] != "precision")
+    return base.where(~with_precision, base + " · " + rows["precision"].astype(str))
+
+
+def in_words(values: dict[str, Any], plain: bool = True) -> str:
+    """A pair's shared settings as a reader says them ("bf16, cache on, batch size 1, greedy,
+    engine llama.cpp"): the compared axis (None) left out, the further axes only where they
+    are not at their default (and with `plain=False` greedy decoding and no intervention
+    too). The file-name form stays in the tables' shared-settings column."""
+    from ..jobs import EXTRA_AXES, NAME_AXES
+
+    def given(v: Any) -> bool:
+        return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+    parts = []
+    for axis in NAME_AXES:
+        v = values.get(axis)
+        if not given(v):
+            continue
+        if axis == "cache":
+            parts.append(f"cache {v}")
+        elif axis == "batch_size":
+            parts.append(f"batch size {_batch(v)}")
+        elif axis == "intervention":
+            if v != "none" or plain:
+                parts.append("no intervention" if v == "none" else f"intervention {v}")
+        elif axis == "decoding" and v == "greedy" and not plain:
+            continue
+        else:
+            parts.append(str(v))
+    parts += [f"{axis.replace('_', ' ')} {values[axis]}" for axis, default in EXTRA_AXES.items()
+              if given(values.get(axis)) and str(values[axis]) != str(default)]
+    return ", ".join(parts)
+
+
+def _batch(size: Any) -> str:
+    """A batch size as written in the config (the summary stores it as float beside None)."""
+    return str(int(size)) if isinstance(size, (int, float)) and not math.isnan(size) else str(size)
+
+
+def _pooled(group: pd.DataFrame) -> pd.Series:
+    n, d = int(group["n_prompts"].sum()), int(group["n_diverged"].sum())
+    low, high = stats.wilson(d, n)
+    return pd.Series({"n": n, "diverged": d, "rate": d / n if n else float("nan"), "low": low, "high": high})

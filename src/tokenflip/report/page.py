@@ -1,0 +1,236 @@
+"""The page: reads the summaries, assembles the figures, tables and claims into the template,
+writes the HTML and the tables as CSV (and, after a failed run, the partial report)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from .. import paper, storage
+from .common import in_words, _fmt, _pct, _read_optional
+from .figures import (
+    batch_figure, drift_figure, first_divergence_figure, flip_kl_figure, form_kl_figure, intervention_figure,
+    kl_figure, lens_figure, margin_figure, patching_figure, precision_drift_figure)
+from .overview import overview_figures
+from .tables import (
+    cv_heuristic, drilldown_table, flip_table, form_claims, grafting_table, kv_claims, kv_table, lens_table,
+    patching_layer_table, patching_table, precision_table, probe_claims, traced_prompts)
+
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("tokenflip", "templates"),
+    autoescape=jinja2.select_autoescape(["html", "j2"]),
+    undefined=jinja2.StrictUndefined,
+)
+_TEMPLATES.filters["fmt"] = _fmt
+_TEMPLATES.filters["pct"] = _pct
+
+
+def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
+           title: str | None = None, partial: bool = False, tables_dir: str | Path | None = None) -> Path:
+    summary_dir, out_path = Path(summary_dir), Path(out_path)
+    cells, _ = storage.read_table(summary_dir / "cells.parquet")
+    pairs, _ = storage.read_table(summary_dir / "pairs.parquet")
+    first_div, _ = storage.read_table(summary_dir / "first_divergence.parquet")
+    cells_df, pairs_df, first_df = cells.to_pandas(), pairs.to_pandas(), first_div.to_pandas()
+    done_pairs = pairs_df[pairs_df["status"] == "done"] if not pairs_df.empty else pairs_df
+    environment = _environment(_read_optional(summary_dir / "environment.parquet"))
+    kv_steps = _read_optional(summary_dir / "kv_steps.parquet")
+    kv_layers = _read_optional(summary_dir / "kv_layers.parquet")
+    kv_patching = _read_optional(summary_dir / "kv_patching.parquet")
+    kv_forms = _read_optional(summary_dir / "kv_forms.parquet")
+    kv_rows = kv_table(pairs_df)
+    interventions_df = _read_optional(summary_dir / "interventions.parquet")
+    prec_steps = _read_optional(summary_dir / "precision_steps.parquet")
+    precision_rows = precision_table(pairs_df, prec_steps)
+    prec_layers = _read_optional(summary_dir / "precision_layers.parquet")
+    grafting = _read_optional(summary_dir / "precision_grafting.parquet")
+    lens = _read_optional(summary_dir / "precision_lens.parquet")
+    context = dict(
+        title=(title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}")
+        + (" (partial: some jobs failed)" if partial else ""),
+        run=config["run"],
+        headline=_headline(done_pairs),
+        **paper_placement(paper.comparison_rows(
+            paper.Tables(pairs=pairs_df, interventions=interventions_df, first_divergence=first_df, cells=cells_df,
+                         kv_steps=kv_steps, kv_layers=kv_layers, kv_patching=kv_patching,
+                         precision_steps=prec_steps, grafting=grafting, lens=lens),
+            paper.Study.of(config), _device_label(environment))),
+        pairs=pairs_df.sort_values(["model", "benchmark", "axis", "a", "b", "context"]).to_dict("records")
+        if not pairs_df.empty else [],
+        cells=cells_df.sort_values("cell_id").to_dict("records") if not cells_df.empty else [],
+        missing_cells=cells_df[cells_df["status"] != "done"].to_dict("records") if not cells_df.empty else [],
+        missing_pairs=pairs_df[pairs_df["status"] != "done"].to_dict("records") if not pairs_df.empty else [],
+        fig_first_div=first_divergence_figure(first_df, pairs_df),
+        fig_margin=margin_figure(first_df),
+        kv_rows=kv_rows,
+        precision_rows=precision_rows,
+        intervention_rows=interventions_df.to_dict("records") if not interventions_df.empty else [],
+        fig_interventions=intervention_figure(interventions_df),
+        fig_batch=batch_figure(interventions_df),
+        cv_rows=cv_heuristic(cells_df, interventions_df),
+        grafting_rows=grafting_table(grafting),
+        lens_rows=lens_table(lens),
+        fig_lens=lens_figure(lens),
+        fig_precision_drift=precision_drift_figure(prec_layers),
+        precision_probe_flips=int(prec_steps["flip"].sum()) if not prec_steps.empty else 0,
+        traced_precision=traced_prompts(prec_steps),
+        traced_kv=traced_prompts(kv_steps),
+        precision_probe_steps=len(prec_steps),
+        kv=kv_claims(kv_rows, probe_claims(kv_steps)),
+        fig_kl=kl_figure(kv_steps),
+        form_rows=form_claims(kv_forms),
+        fig_form_kl=form_kl_figure(kv_forms),
+        flip_rows=flip_table(kv_steps),
+        probe_claim_rows=probe_claims(kv_steps),
+        fig_flip_kl=flip_kl_figure(kv_steps),
+        fig_drift=drift_figure(kv_layers),
+        fig_patching=patching_figure(kv_patching),
+        patching_rows=patching_table(kv_patching),
+        patching_layer_rows=patching_layer_table(kv_patching),
+        probe_flips=int(kv_steps["flip"].sum()) if not kv_steps.empty else 0,
+        probe_steps=len(kv_steps),
+        environment=environment,
+        overview=overview_figures(pairs_df, interventions_df, {
+            "kv_layers": kv_layers, "precision_layers": prec_layers, "precision_grafting": grafting,
+            "precision_lens": lens}),
+        drilldown_rows=drilldown_table(pairs_df, first_df),
+        models=list(dict.fromkeys(cells_df["model"])) if not cells_df.empty else [],
+        benchmarks=list(dict.fromkeys(cells_df["benchmark"])) if not cells_df.empty else [],
+        config_yaml=json.dumps(config, indent=2, sort_keys=True, default=str),
+    )
+    html = _TEMPLATES.get_template("report.html.j2").render(**context)
+    with storage.atomic_path(out_path) as tmp:
+        tmp.write_text(html)
+    write_tables(context, tables_dir or out_path.parent / "tables")
+    return out_path
+
+
+# Every table of the report, as the CSV file written beside it (tables/<name>.csv): the
+# template variable that holds its rows -> file name. Any other `<name>_rows` variable is
+# written as <name>.csv. Full-precision values, one row per HTML row, plus the columns the
+# HTML leaves out (ids, statuses, errors).
+TABLE_FILES = {
+    "pairs": "pairs.csv",
+    "cells": "cells.csv",
+    "kv_rows": "kv_cache.csv",
+    "precision_rows": "precision.csv",
+    "intervention_rows": "interventions.csv",
+    "cv_rows": "cv_heuristic.csv",
+}
+
+
+def _table_files(context: dict[str, Any]) -> dict[str, str]:
+    files = dict(TABLE_FILES)
+    for key in sorted(context):
+        if key.endswith("_rows") and key not in files:
+            files[key] = f"{key.removesuffix('_rows')}.csv"
+    return files
+
+
+def write_tables(context: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Write each table the report shows as CSV into `out_dir`; a table the report does
+    not show (no rows) has no file, and a stale CSV from an earlier render is removed."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, name in _table_files(context).items():
+        path = out_dir / name
+        rows = context.get(key)
+        if not isinstance(rows, list) or not rows:
+            path.unlink(missing_ok=True)
+            continue
+        with storage.atomic_path(path) as tmp:
+            pd.DataFrame(rows).to_csv(tmp, index=False)
+        written.append(path)
+    for stale in out_dir.glob("*.csv"):
+        if stale not in written:
+            stale.unlink()
+    return written
+
+
+# A paper whose rows this run reproduces (data from the paper's own models, not stand-ins)
+# for at least this share is reproduced: the paper configs. Its rows come first, in full.
+PAPER_REPRODUCED = 0.5
+
+
+def paper_placement(rows: list[dict[str, str]]) -> dict[str, Any]:
+    """The papers rows to show and where. A run that reproduces a paper (a paper config) shows
+    that paper's rows in full right after the findings (`paper_first`), and the other
+    paper's rows where it has data. Any other study (a user's own, the default with its
+    stand-in model) shows only the rows it has data for, folded, after its own sections."""
+    def has_data(r):
+        return r["ours"] != "–"
+
+    reproduced = set()
+    for name in dict.fromkeys(r["paper"] for r in rows):
+        own = [r for r in rows if r["paper"] == name]
+        if sum(has_data(r) and "in place of" not in r["our_conditions"] for r in own) >= PAPER_REPRODUCED * len(own):
+            reproduced.add(name)
+    shown = [r for r in rows if r["paper"] in reproduced or has_data(r)]
+    return {"paper_rows": shown, "paper_first": bool(reproduced), "paper_total": len(rows)}
+
+
+def _headline(pairs: pd.DataFrame) -> list[str]:
+    """One line per comparison, the most diverging first: how many prompts parted (with the
+    interval), under which settings (in words), and whether the logits had moved before."""
+    if pairs.empty:
+        return ["No comparison finished."]
+    lines = []
+    for (axis, a, b), group in pairs.groupby(["axis", "a", "b"], sort=True):
+        n = int(group["n_prompts"].sum())
+        d = int(group["n_diverged"].sum())
+        worst = group.sort_values("divergence_rate", ascending=False).iloc[0]
+        where = in_words(worst.to_dict(), plain=False)
+        ci = f"95% CI {_pct(worst['divergence_ci_low'])}–{_pct(worst['divergence_ci_high'])}"
+        spread = (f"at {where} ({ci})" if len(group) == 1 else
+                  f"over {len(group)} pairs, most at {where}: {_pct(worst['divergence_rate'])} ({ci})")
+        lines.append((d / n if n else 0.0, f"{axis} {a} vs {b}: {d} of {n} prompts diverged "
+                      f"({_pct(d / n if n else float('nan'))}) {spread}; logits moved before the first flip on "
+                      f"{int(group['n_logit_diff_before_div'].sum())} of {n}, max |Δlogit| "
+                      f"{_fmt(float(group['max_abs_dlogit'].max()))}."))
+    return [line for _, line in sorted(lines, key=lambda x: -x[0])]
+
+
+def _device_label(environment: dict[str, Any]) -> str:
+    device = environment.get("device", {})
+    return f"{device.get('name', '?')} ({device.get('type', '?')})"
+
+
+def _environment(rows: pd.DataFrame) -> dict[str, Any]:
+    """Software, device and determinism of the run (the first machine's), and each model's
+    and benchmark's provenance, from the summary's environment table."""
+    env: dict[str, Any] = {"models": {}, "benchmarks": {}, "engines": {}}
+    for row in rows.itertuples() if not rows.empty else ():
+        value = json.loads(row.json)
+        if row.kind in ("software", "device", "determinism"):
+            env.setdefault(row.kind, value)
+        else:
+            env[f"{row.kind}s"].setdefault(row.name, value)
+    return env
+
+
+def render_partial(config: dict[str, Any], layout) -> Path:
+    """After a failed run: summarise whatever results exist (missing and refused ones
+    listed, nothing refused used) into a scratch folder and render them as the partial
+    report, beside the complete one and never in its place: `reports/<run>/index.html` is
+    only ever a complete report (or absent), and the next `snakemake` run reruns what its
+    usual triggers say (failed jobs, a changed config), nothing more. The next complete
+    report removes the partial one."""
+    import shutil
+    import tempfile
+
+    from .summary import write_summaries
+
+    Path(layout.results).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".summary-partial.", dir=layout.results))
+    try:
+        write_summaries(config, layout, scratch, strict=False)
+        out = render(scratch, layout.partial_report, config, partial=True, tables_dir=layout.partial_report_tables)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out
