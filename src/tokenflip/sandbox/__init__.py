@@ -13,8 +13,9 @@ states them, and `available_layers` says which this machine provides):
 - Where the machine cannot provide a layer, `Layers.missing` names it, and code benchmarks
   refuse to score unless told `unsafe_execution`.
 
-The code benchmarks (`tokenflip.benchmarks.humaneval`, `mbpp`) call `run_sample` with a
-`TestProgram`; nothing here knows about benchmarks.
+`contract` states these as data (guarantees, limits, layers, results); `execution` runs the
+two processes; `bwrap` builds the sandbox. The code benchmarks (`tokenflip.benchmarks.humaneval`,
+`mbpp`) call `run_sample` with a `TestProgram`; nothing here knows about benchmarks.
 """
 
 from .execution import (GUARANTEES, TAG_VARIABLE, ExecutionResult, Layers, Limits, TestProgram, available_layers,

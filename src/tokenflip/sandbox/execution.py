@@ -29,9 +29,10 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from . import bwrap as sandbox
+from .contract import GAPS, GUARANTEES, TAG_VARIABLE, ExecutionResult, Layers, Limits, TestProgram
 
 __all__ = [
     "Limits",
@@ -46,101 +47,8 @@ __all__ = [
     "TAG_VARIABLE",
 ]
 
-TAG_VARIABLE = "TOKENFLIP_SANDBOX"
 _TAIL_BYTES = 8192
 _STARTUP_SLACK_S = 5.0
-
-GUARANTEES = {
-    "verdict": "the verdict is decided by a separate trusted test process; only plain data crosses from the "
-               "candidate, so forged success markers and always-equal objects cannot pass",
-    "filesystem": "the candidate sees only the interpreter and its standard library, read-only (no tests, "
-                  "no site-packages, no repository, no home), and a private size-limited tmpfs",
-    "isolation": "fresh user, PID, network, IPC and UTS namespaces: no network, no foreign sockets or "
-                 "processes, an unprivileged uid without capabilities",
-    "no processes": "the candidate cannot create processes (seccomp), so its resource limits hold for the "
-                    "whole sample",
-    "lifetime": "the sandbox dies with the scorer, even on kill -9, and leaves no files behind",
-    "memory": "memory limits hold for the whole sample: no anonymous memory files (memfd_create) and no "
-              "sockets (so no file descriptors in flight past the open-files limit); seccomp",
-}
-# What the limits do not bound, recorded beside the guarantees in every cell's provenance.
-GAPS = ("the private tmpfs caps bytes but not the number of files (bubblewrap sets no inode limit): a sample "
-        "can hold kernel memory in empty files until its wall-clock timeout",)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-sample limits. `timeout_s` is wall-clock for the whole sample (every call included);
-    memory, CPU and file size hold for each of its two processes."""
-
-    timeout_s: float = 20.0
-    cpu_s: int = 20
-    memory_bytes: int = 2 * 1024**3
-    file_size_bytes: int = 16 * 1024**2
-    workdir_bytes: int = 64 * 1024**2
-    open_files: int = 128
-    nproc: int = 16
-
-
-@dataclass(frozen=True)
-class Layers:
-    """The isolation this machine provides (probed once by `available_layers`)."""
-
-    bwrap: str | None = None
-    bwrap_version: str | None = None
-    seccomp: bool = False
-    guard: bool = True
-    problem: str | None = None
-
-    @property
-    def sandboxed(self) -> bool:
-        return self.bwrap is not None
-
-    @property
-    def missing(self) -> tuple[str, ...]:
-        """The guarantees of `GUARANTEES` this machine cannot give."""
-        if not self.sandboxed:
-            return ("filesystem", "isolation", "no processes", "lifetime", "memory")
-        return () if self.seccomp else ("no processes", "memory")
-
-    def names(self) -> list[str]:
-        names = ["trusted test process separate from the candidate process, plain data between them",
-                 "python -I with a minimal environment", "resource limits", "wall-clock timeout"]
-        if self.sandboxed:
-            names.append(f"bubblewrap ({self.bwrap_version}): read-only interpreter and standard library only, "
-                         "private size-limited tmpfs, new user/PID/network/IPC/UTS namespaces, unprivileged uid, "
-                         "no capabilities, dies with the scorer")
-        if self.seccomp:
-            names.append("seccomp: no process creation, no memory files, no sockets")
-        if not self.sandboxed and self.guard:
-            names.append("in-process guard (a convenience, not a boundary)")
-        return names
-
-
-@dataclass(frozen=True)
-class ExecutionResult:
-    """Outcome of one sample. `status` is passed, failed, timeout, syntax error, no code or
-    sandbox error; stdout and stderr are the candidate's and the test process's, for diagnosis."""
-
-    passed: bool
-    status: str
-    returncode: int | None
-    wall_s: float
-    stdout: str
-    stderr: str
-
-
-@dataclass(frozen=True)
-class TestProgram:
-    """What the trusted test process runs: `prelude` (dataset code, e.g. imports and helpers),
-    then `proxies` (names the solution defines) are bound to the candidate, then `tests`."""
-
-    __test__ = False  # not a pytest class
-
-    prelude: str
-    tests: str
-    proxies: tuple[str, ...]
-
 
 def _probe(layers: Layers, python: str) -> str | None:
     """None if a sandboxed process starts here and cannot create processes, else the problem."""
