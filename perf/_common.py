@@ -163,6 +163,20 @@ def batch(tokenizer, model, n: int, seed: int = 0):
     return left_pad(ids, pad_id(model, tokenizer))
 
 
+def greedy_tokens(model, prompts: list[list[int]], pad: int, new_tokens: int, **options) -> list[list[int]]:
+    """Each prompt decoded alone (batch size 1) for `new_tokens` tokens, EOS ignored, with the
+    decode loop's `options` (use_cache, form, prefix): the generated token ids per prompt."""
+    from tokenflip.decode import decode, left_pad
+
+    options.setdefault("use_cache", True)
+    out = []
+    for ids in prompts:
+        x, mask = left_pad([ids], pad)
+        res = decode(model, x, mask, max_new_tokens=new_tokens, eos_token_ids=NO_EOS, pad_token_id=pad, **options)
+        out.append(res.generations[0].token_ids)
+    return out
+
+
 def pad_id(model, tokenizer) -> int:
     if tokenizer is not None and tokenizer.pad_token_id is not None:
         return int(tokenizer.pad_token_id)

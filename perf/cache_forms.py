@@ -27,7 +27,6 @@ import _common as c
 import torch
 
 from tokenflip.caches import CacheForm, kv_dtype_unavailable, shared_prefix
-from tokenflip.decode import decode, left_pad
 
 
 def exemplar_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -86,15 +85,8 @@ def main(argv=None) -> int:
           f"CPU {prefix_seconds[1]:.3f} s")
 
     def runner(form: CacheForm):
-        def run():
-            out = []
-            for ids in prompts:
-                x, mask = left_pad([ids], pad)
-                res = decode(model, x, mask, max_new_tokens=new_tokens, use_cache=True, eos_token_ids=c.NO_EOS,
-                             pad_token_id=pad, form=form, prefix=prefix if form.prefix_cache else None)
-                out.append(res.generations[0].token_ids)
-            return out
-        return run
+        return lambda: c.greedy_tokens(model, prompts, pad, new_tokens, form=form,
+                                       prefix=prefix if form.prefix_cache else None)
 
     variants = {name: runner(form) for name, form in forms.items()}
     if "compile=on" in variants:

@@ -20,7 +20,6 @@ import time
 
 import _common as c
 
-from tokenflip.decode import decode, left_pad
 from tokenflip.engines import LlamaCpp, gguf_path, unavailable
 
 
@@ -49,15 +48,7 @@ def main(argv=None) -> int:
           f"{rounds} rounds (+1 warm-up); llama.cpp: {engines['fp32'].describe()['system_info'].strip()}")
 
     def transformers_run(use_cache: bool):
-        def run():
-            out = []
-            for ids in prompts:
-                x, mask = left_pad([ids], pad)
-                res = decode(model, x, mask, max_new_tokens=new_tokens, use_cache=use_cache, eos_token_ids=c.NO_EOS,
-                             pad_token_id=pad)
-                out.append(res.generations[0].token_ids)
-            return out
-        return run
+        return lambda: c.greedy_tokens(model, prompts, pad, new_tokens, use_cache=use_cache)
 
     def llama_run(precision: str, use_cache: bool):
         from tokenflip.decode import greedy
