@@ -108,3 +108,16 @@ def test_the_paper_configs_are_priced_without_reaching_the_hub():
 def test_bad_cost_arguments_say_what_is_expected(args, message):
     proc = _plan("--config", str(REPO / "config" / "paper-kv-cache.yaml"), "--cost", *args)
     assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_llama_cpp_cells_are_counted_apart_and_not_priced(tmp_path):
+    """config/engines.yaml: 2 transformers cells on 6 prompts are priced; its 4 llama.cpp cells
+    run on the CPU and are only counted."""
+    proc = _plan("--config", str(REPO / "config" / "engines.yaml"), "--cost", "--json", "--root", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    cost = json.loads(proc.stdout)
+    assert cost["rules"]["generate"] == 6 and cost["generate"]["cells"] == 2
+    assert cost["generate"]["prompts"] == 2 * 6 and cost["generate"]["generated_tokens"] == 2 * 6 * 32
+    assert cost["cpu_cells"] == {"llama.cpp": 4}
+    text = _plan("--config", str(REPO / "config" / "engines.yaml"), "--cost", "--root", str(tmp_path)).stdout
+    assert "not priced: 4 llama.cpp cell(s), which run on the CPU" in text

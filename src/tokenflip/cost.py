@@ -192,7 +192,10 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
     per_model: dict[str, dict[str, float]] = {}
     total = {"cells": 0, "prompts": 0, "generated_tokens": 0, "positions": 0.0, "weight_bytes": 0.0, "seconds": 0.0}
     unknown = set()
+    cpu_cells = [cell for cell in cells if cell.engine != "transformers"]
     for cell in cells:
+        if cell.engine != "transformers":
+            continue  # llama.cpp runs on the CPU: no GPU time, and its weights are the GGUF's
         key = (cell.model, cell.benchmark)
         if key not in lengths:
             lengths[key] = prompt_lengths(config, *key, root, prompt_tokens or {})
@@ -214,6 +217,7 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
                       "generate": len(cells), "compare": len(expand_pairs(config, cells)),
                       "probe": len(probe_targets(config)), "summarize": 1, "report": 1},
             "generate": total, "per_model": per_model, "unknown": sorted(unknown),
+            "cpu_cells": {engine: sum(c.engine == engine for c in cpu_cells) for engine in sorted({c.engine for c in cpu_cells})},
             "sources": {"parameters": {m: {"parameters": v[0], "from": v[1]} for m, v in params.items()},
                         "prompt_tokens": {f"{m}/{b}": {"tokens": v[0], "from": v[1]} for (m, b), v in lengths.items()}},
             "device": {"bandwidth_gbs": device.bandwidth_gbs, "tflops": device.tflops,
@@ -261,6 +265,8 @@ def format_cost(cost: dict[str, Any]) -> str:
         who = models[0] if len(models) == 1 else f"{len(models)} models"
         lines.append(f"  {bench} ({who}): {tokens:.0f} prompt tokens ({source})" if tokens else
                      f"  {bench} ({who}): prompt length {source}")
+    for engine, n in cost.get("cpu_cells", {}).items():
+        lines.append(f"  not priced: {n} {engine} cell(s), which run on the CPU")
     if cost["unknown"]:
         lines.append("  not counted (unknown inputs): " + ", ".join(f"{m} {what}" for m, what in cost["unknown"]))
     return "\n".join(lines)
