@@ -192,6 +192,18 @@ def test_a_model_without_a_gguf_is_refused(spec, source):
     assert f"engine 'llama.cpp' with model 'm': no GGUF is available for source '{source}'" in message
 
 
+def test_a_probe_over_llama_cpp_cells_only_is_refused():
+    cfg = {"run": "engines", "models": {"smollm2": SMOLLM2}, "benchmarks": {"steps": BENCH},
+           "grids": [{"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1], "engine": ["llama.cpp"]}],
+           "comparisons": [{"axis": "cache", "a": "on", "b": "off"}],
+           "probes": {"kv_cache": {"prompts": 1, "precisions": ["fp32"]}}}
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, check_data=False)
+    assert "probes.kv_cache: model 'smollm2' on benchmark 'steps' has only llama.cpp cells" in str(err.value)
+    cfg["grids"].append({"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1]})
+    validate(cfg, check_data=False)  # with transformers cells beside them, the probe traces those
+
+
 def test_an_uninstalled_llama_cpp_is_refused_naming_the_package(monkeypatch):
     real = importlib.metadata.version
 

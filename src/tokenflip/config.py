@@ -272,6 +272,7 @@ def _semantic_problems(config: dict[str, Any]):
     if not undefined:
         yield from _cache_form_problems(config)
         yield from engines.config_problems(config, AXIS_DEFAULTS)
+        yield from engines.probe_problems(config)
     if not undefined:
         cells = expand_cells(config)
         for i, comp in enumerate(config["comparisons"]):

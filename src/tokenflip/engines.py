@@ -94,6 +94,21 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
                        f"(put the llama.cpp cells in a grid of their own)")
 
 
+def probe_problems(config: dict[str, Any]) -> Iterator[str]:
+    """A probe over a model and benchmark whose cells all run in llama.cpp: probes replay the
+    transformers model, so it would trace something the study does not run."""
+    from .plan import expand_cells, probe_targets
+
+    engines_of: dict[tuple[str, str], set[str]] = {}
+    for cell in expand_cells(config):
+        engines_of.setdefault((cell.model, cell.benchmark), set()).add(cell.engine)
+    for probe, model, benchmark in probe_targets(config):
+        if engines_of.get((model, benchmark)) == {LLAMA_CPP}:
+            yield (f"probes.{probe}: model {model!r} on benchmark {benchmark!r} has only llama.cpp cells; probes "
+                   f"replay the transformers model (add transformers cells, or name other benchmarks under "
+                   f"probes.{probe}.benchmarks)")
+
+
 def gguf_path(spec: dict[str, Any]) -> Path:
     from .models import _package_file
 
