@@ -109,6 +109,7 @@ def test_a_llama_cpp_cell_records_the_engine_and_the_gguf(cells, prepared_models
     assert engine["name"] == "llama.cpp"
     assert engine["package"] == {LLAMA_CPP_PACKAGE: importlib.metadata.version(LLAMA_CPP_PACKAGE)}
     assert "CPU" in engine["system_info"] and engine["n_threads"] == 1
+    assert len(engine["build_sha256"]) == 64 and engine["build_sha256"] == cells["fp32", "off"][1]["engine"]["build_sha256"]
     assert engine["kv_cache_type"] == "F16" and cells["fp32", "on"][1]["engine"]["kv_cache_type"] == "F32"
     weights = meta["model"]["weights"]
     assert weights["gguf"] == SMOLLM2["file"]

@@ -146,12 +146,13 @@ def _run_llama_cpp(job: CellJob, bench: Benchmark, model_dir, out_path, progress
                              eos_token_ids=eos, record_top_k=job.record_top_k, select=select, stop=stop)
 
     records = generate_records(job, tokenizer, bench, decode_batch, pad, progress)
+    described = engine.describe()
     provenance_of_engine = {
         "model": {**_model_record(manifest),
-                  "weights": {"gguf": path.name, "gguf_sha256": digest, "file_type": engine.describe()["file_type"]}},
+                  "weights": {"gguf": path.name, "gguf_sha256": digest, "file_type": described["file_type"]}},
         "environment": provenance.environment(torch.device("cpu")),
         "cache_form": {"impl": "llama.cpp"},  # llama.cpp's own KV cache (its type: engine.kv_cache_type)
-        "engine": engine.describe(),
+        "engine": described,
     }
     return _write_cell(job, bench, records, eos, pad, provenance_of_engine, out_path)
 

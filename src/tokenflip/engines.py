@@ -16,6 +16,7 @@ CPU, and the precision sets its KV cache type (fp32 → F32; fp16 → F16, llama
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import time
 from pathlib import Path
@@ -115,6 +116,18 @@ def gguf_path(spec: dict[str, Any]) -> Path:
     return _package_file(spec["package"], spec["file"])
 
 
+@functools.lru_cache(maxsize=1)
+def build_digest() -> str:
+    """One digest of the compiled libraries llama-cpp-python loads: the same version built on
+    another machine (llama.cpp compiles for the CPU it is built on) is another engine."""
+    import llama_cpp
+
+    from .models import digest_files
+
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    return digest_files([p for p in lib.iterdir() if p.is_file() and not p.is_symlink()], lib)
+
+
 class LlamaCpp:
     """One GGUF loaded in llama.cpp, decoding one prompt at a time as a cell asks."""
 
@@ -138,6 +151,7 @@ class LlamaCpp:
         info = self._lib.llama_print_system_info()
         return {"name": LLAMA_CPP, "package": {LLAMA_CPP_PACKAGE: importlib.metadata.version(LLAMA_CPP_PACKAGE)},
                 "system_info": info.decode() if isinstance(info, bytes) else str(info),
+                "build_sha256": build_digest(),
                 "n_ctx": int(self.llm.n_ctx()), "n_batch": int(self.llm.n_batch), "n_threads": self.threads,
                 "kv_cache_type": KV_CACHE_TYPES[self.precision], "flash_attn": False, "activations": "fp32",
                 "file_type": self.llm.metadata.get("general.file_type")}
