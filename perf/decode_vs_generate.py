@@ -8,11 +8,11 @@ Variants, alternated round by round in one process:
   generate           model.generate(do_sample=False, use_cache=True)
   decode             tokenflip.decode.decode with the default per-step record (top-16,
                      margin, logsumexp, entropy, intervention flag), as every cell runs
-  decode-norecord    the same loop with `_record` replaced by one that keeps only the
+  decode-norecord    the same loop with `record_step` replaced by one that keeps only the
                      chosen token (recording cannot be turned off in the loop itself)
 
 Targets (issue "Performance"): decode ≥ 1.0× generate's tokens/s; recording ≤ 3% of the
-loop's time. A microbenchmark beside it times `_record` (step_statistics + the copies
+loop's time. A microbenchmark beside it times `record_step` (step_statistics + the copies
 to Python) on real last-step logits, against the per-step time of the forward pass.
 
   .venv/bin/python perf/decode_vs_generate.py [--quick]
@@ -42,16 +42,16 @@ def _record_token_only(generations, logits, chosen, unfinished, k, fired):
 
 @contextlib.contextmanager
 def no_recording():
-    saved = decode_mod._record
-    decode_mod._record = _record_token_only
+    saved = decode_mod.record_step
+    decode_mod.record_step = _record_token_only
     try:
         yield
     finally:
-        decode_mod._record = saved
+        decode_mod.record_step = saved
 
 
 def record_cost(model, ids, mask, pad, k: int, device: str, reps: int) -> float:
-    """Seconds per call (on `c.clock`) of the loop's `_record` on this batch's real first-step logits."""
+    """Seconds per call (on `c.clock`) of the loop's `record_step` on this batch's real first-step logits."""
     with torch.inference_mode():
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), logits_to_keep=1)
     logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
@@ -63,7 +63,7 @@ def record_cost(model, ids, mask, pad, k: int, device: str, reps: int) -> float:
         c.sync(device)
         t0 = clock()
         for _ in range(reps):
-            decode_mod._record(gens, logits, chosen, unfinished, k, None)
+            decode_mod.record_step(gens, logits, chosen, unfinished, k, None)
         c.sync(device)
         times.append((clock() - t0) / reps)
     return c.median(times)
@@ -165,12 +165,12 @@ def main(argv=None) -> int:
               f"{1e3 * outside['decode-norecord']:.3f} ms")
         print(f"  at equal forward time: decode / generate {at_equal_forward:.3f}x, recording "
               f"{100 * rec_at_equal_forward:+.2f}%")
-        print(f"  _record alone: {1e3 * micro:.3f} ms per step = {100 * micro / step:.2f}% of a step "
+        print(f"  record_step alone: {1e3 * micro:.3f} ms per step = {100 * micro / step:.2f}% of a step "
               f"({1e3 * step:.2f} ms without recording)   target <= 3%: {c.verdict(micro / step, 0.03)}")
     print("\nsummary: " + "; ".join(
         f"bs{bs}: decode/generate {r['speed'][0]:.2f}x end to end, {r['eq']:.3f}x at equal forward time; "
         f"recording {100 * (r['rec'][0] - 1):+.1f}% end to end, {100 * r['rec_eq']:+.2f}% at equal forward time, "
-        f"_record {100 * r['micro']:.1f}% of a step" for bs, r in results.items()))
+        f"record_step {100 * r['micro']:.1f}% of a step" for bs, r in results.items()))
     print(f"runtime {time.perf_counter() - t_start:.0f} s")
     return 0 if all(r["same"] for r in results.values()) else 1
 

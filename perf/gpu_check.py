@@ -519,7 +519,7 @@ def parse_decode_vs_generate(text: str) -> dict[str, Any]:
             "tok_s_wall": tok_s,
             "decode_over_generate": _float(re.search(r"decode / generate throughput: ([\d.]+)x", block)),
             "recording_overhead_pct": _float(re.search(r"recording overhead .*?: ([+-][\d.]+)%", block)),
-            "record_alone_pct_of_step": _float(re.search(r"_record alone: .*?= ([\d.]+)% of a step", block)),
+            "record_alone_pct_of_step": _float(re.search(r"record_step alone: .*?= ([\d.]+)% of a step", block)),
             "at_equal_forward_time": _float(re.search(r"at equal forward time: decode / generate ([\d.]+)x", block)),
         }
     return out
