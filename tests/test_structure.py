@@ -90,6 +90,33 @@ def test_the_package_has_no_import_cycle():
     assert cycles(graph) == []
 
 
+def unresolved_relative_imports(package_dir: Path) -> list[str]:
+    """Relative imports (at module level or inside functions) that name no module of the
+    package: a function-level one fails only when that function runs."""
+    root = package_dir.parent
+    modules = {_module_name(p, root) for p in package_dir.rglob("*.py")}
+    missing = []
+    for path in package_dir.rglob("*.py"):
+        name = _module_name(path, root)
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                target = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                if target not in modules:
+                    missing.append(f"{path.relative_to(root)}:{node.lineno}: {'.' * node.level}{node.module or ''}")
+    return missing
+
+
+def test_every_relative_import_names_a_module_of_the_package(tmp_path):
+    assert unresolved_relative_imports(PACKAGE) == []
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("def f():\n    from .gone import x\n    from ..sub import a\n")
+    assert unresolved_relative_imports(pkg) == ["pkg/sub/a.py:2: .gone"]
+
+
 def test_the_sandbox_knows_nothing_about_benchmarks():
     graph = import_graph(PACKAGE)
     sandbox = [m for m in graph if m.startswith("tokenflip.sandbox")]

@@ -224,7 +224,7 @@ def render_partial(config: dict[str, Any], layout) -> Path:
     import shutil
     import tempfile
 
-    from .summary import write_summaries
+    from ..summary import write_summaries
 
     Path(layout.results).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".summary-partial.", dir=layout.results))
