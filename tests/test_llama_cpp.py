@@ -265,3 +265,29 @@ def test_a_study_pairs_the_engines_and_llama_cpp_with_itself(tmp_path):
     assert "engine: transformers vs llama.cpp" in html and "cache: on vs off" in html
     assert 'id="engine-table"' in html and importlib.metadata.version(LLAMA_CPP_PACKAGE) in html
     assert "token divergence, cache ON vs OFF, FP16, in llama.cpp" in html
+
+
+
+def _meta(cell: dict, **fields) -> dict:
+    base = {"cell": cell, "settings": {"cell": cell, "device": "auto", "threads": None},
+            "environment": {"device": {"type": "cpu", "threads": 1}, "software": {"torch": "2.13.0"}},
+            "engine": {"name": "transformers"}, "model": {"weights": {"stored_dtype": "float32"}}, "cache_form": {}}
+    for key, value in fields.items():
+        section, name = key.split("__")
+        base[section] = {**base[section], name: value} if isinstance(base[section], dict) else value
+    return base
+
+
+def test_an_engine_pair_may_run_on_two_devices_and_a_threads_pair_on_two_thread_counts():
+    from tokenflip.compare import ComparabilityError, check_comparable
+
+    hf = {"model": "m", "benchmark": "b", "engine": "transformers"}
+    cpp = {**hf, "engine": "llama.cpp"}
+    gpu = _meta(hf, environment__device={"type": "cuda", "threads": 16, "name": "H200"})
+    cpu = _meta(cpp, engine__name="llama.cpp", engine__n_threads=1, environment__device={"type": "cpu", "threads": 1})
+    check_comparable(gpu, cpu, "engine", "a", "b")  # llama.cpp runs on the CPU beside a GPU cell
+    with pytest.raises(ComparabilityError, match="environment.software.torch"):
+        check_comparable(gpu, _meta(cpp, environment__software={"torch": "2.12.0"}), "engine", "a", "b")
+    one, four = ({**cpp, "threads": t} for t in ("default", "4"))
+    check_comparable(_meta(one, engine__n_threads=1), _meta(four, engine__n_threads=4, environment__device={
+        "type": "cpu", "threads": 4}), "threads", "a", "b")

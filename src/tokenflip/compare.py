@@ -36,13 +36,14 @@ _AXIS_PROVENANCE = {
     # interventions that load fp32 weights, the intervention).
     "precision": ("model.weights", "engine.kv_cache_type"),  # llama.cpp's KV cache type follows the precision
     "intervention": ("settings.intervention", "model.weights"),
-    "threads": ("settings.threads", "environment.device.threads"),
+    "threads": ("settings.threads", "environment.device.threads", "engine.n_threads"),
     "device": ("settings.device", "environment.device"),
     "deterministic": ("environment.determinism",),
     **{axis: ("cache_form",) for axis in CACHE_FORM_AXES},
     # Another engine reads the same model's GGUF (its weights recorded as such), caches in
-    # its own way and records its own version and build.
-    "engine": ("engine", "model.weights", "cache_form"),
+    # its own way, records its own version and build, and runs where it can: llama.cpp on the
+    # CPU, beside a transformers cell that may run on a GPU.
+    "engine": ("engine", "model.weights", "cache_form", "environment.device"),
 }
 
 
