@@ -291,3 +291,12 @@ def test_an_engine_pair_may_run_on_two_devices_and_a_threads_pair_on_two_thread_
     one, four = ({**cpp, "threads": t} for t in ("default", "4"))
     check_comparable(_meta(one, engine__n_threads=1), _meta(four, engine__n_threads=4, environment__device={
         "type": "cpu", "threads": 4}), "threads", "a", "b")
+
+
+def test_an_axis_llama_cpp_is_not_declared_to_honour_is_refused(monkeypatch):
+    """Every axis is refused at a value other than its default unless engines declares it free:
+    an axis added later cannot slip through to a llama.cpp cell that ignores it."""
+    from tokenflip import engines
+
+    monkeypatch.setattr(engines, "_FREE_AXES", tuple(a for a in engines._FREE_AXES if a != "threads"))
+    assert "engine 'llama.cpp' with threads 2: llama.cpp cells do not implement this axis" in _refusal({"threads": [2]})

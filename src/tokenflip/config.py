@@ -101,6 +101,7 @@ def schema() -> dict[str, Any]:
                "properties": {**COMMON_OPTIONS, **probe.options}}
         for name, probe in PROBES.items()}
     props["comparisons"]["items"]["properties"]["axis"] = {"enum": list(COMPARABLE_AXES)}
+    props["grids"]["items"]["properties"]["engine"]["items"] = {"enum": list(engines.ENGINES)}
     return full
 
 

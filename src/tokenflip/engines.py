@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from .jobs import COMPARABLE_AXES
+
 # numpy, torch and llama_cpp are imported where they are used: config validation (in the
 # Snakefile) reads this module and must not pay for them.
 
@@ -34,8 +36,8 @@ LLAMA_CPP_PACKAGE = "llama-cpp-python"
 # BF16 type, so a bf16 llama.cpp cell is refused).
 KV_CACHE_TYPES = {"fp32": "F32", "fp16": "F16"}
 
-# The axes a llama.cpp cell honours besides its precision and cache; every other axis must
-# be at its default (validation names the value and why).
+# The axes a llama.cpp cell honours; every other axis must be at its default (validation
+# names the value and why, and an axis added later is refused until it is listed here).
 _FREE_AXES = ("precision", "cache", "decoding", "threads", "repeat", "engine")
 _WHY = {
     "batch_size": "llama-cpp-python evaluates one sequence at a time (no left-padded batches)",
@@ -81,7 +83,10 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
             if precision not in KV_CACHE_TYPES:
                 yield (f"{where}: engine 'llama.cpp' with precision {precision!r}: llama-cpp-python offers KV "
                        f"cache types for {sorted(KV_CACHE_TYPES)} only")
-        for axis, why in _WHY.items():
+        for axis in COMPARABLE_AXES:
+            if axis in _FREE_AXES:
+                continue
+            why = _WHY.get(axis, "llama.cpp cells do not implement this axis")
             for value in grid.get(axis, [defaults.get(axis)]):
                 if axis == "batch_size" and int(value) == 1:
                     continue
