@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from . import engines, provenance, runtime, storage
@@ -132,8 +133,6 @@ def _run_llama_cpp(job: CellJob, bench: Benchmark, model_dir, out_path, progress
     tokenizer = load_tokenizer(model_dir)
     eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
     longest = max(len(runtime.encode_prompt(tokenizer, bench, item)) for item in bench.items())
-    import torch
-
     # The job's threads as torch took them (generation.threads, else what Snakemake gave the job).
     engine = engines.LlamaCpp(path, job.cell.precision, longest + job.max_new_tokens,
                               job.threads or torch.get_num_threads())

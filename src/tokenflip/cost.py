@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engines import TRANSFORMERS
 from .jobs import Cell
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -192,10 +194,11 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
     per_model: dict[str, dict[str, float]] = {}
     total = {"cells": 0, "prompts": 0, "generated_tokens": 0, "positions": 0.0, "weight_bytes": 0.0, "seconds": 0.0}
     unknown = set()
-    cpu_cells = [cell for cell in cells if cell.engine != "transformers"]
+    # llama.cpp runs on the CPU: no GPU time, and its weights are the GGUF's. Counted apart.
+    cpu_cells = Counter(cell.engine for cell in cells if cell.engine != TRANSFORMERS)
     for cell in cells:
-        if cell.engine != "transformers":
-            continue  # llama.cpp runs on the CPU: no GPU time, and its weights are the GGUF's
+        if cell.engine in cpu_cells:
+            continue
         key = (cell.model, cell.benchmark)
         if key not in lengths:
             lengths[key] = prompt_lengths(config, *key, root, prompt_tokens or {})
@@ -217,7 +220,7 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
                       "generate": len(cells), "compare": len(expand_pairs(config, cells)),
                       "probe": len(probe_targets(config)), "summarize": 1, "report": 1},
             "generate": total, "per_model": per_model, "unknown": sorted(unknown),
-            "cpu_cells": {engine: sum(c.engine == engine for c in cpu_cells) for engine in sorted({c.engine for c in cpu_cells})},
+            "cpu_cells": dict(sorted(cpu_cells.items())),
             "sources": {"parameters": {m: {"parameters": v[0], "from": v[1]} for m, v in params.items()},
                         "prompt_tokens": {f"{m}/{b}": {"tokens": v[0], "from": v[1]} for (m, b), v in lengths.items()}},
             "device": {"bandwidth_gbs": device.bandwidth_gbs, "tflops": device.tflops,

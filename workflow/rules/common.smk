@@ -5,6 +5,7 @@
 import json
 
 from tokenflip.benchmarks import build_benchmark
+from tokenflip.engines import LLAMA_CPP
 from tokenflip.jobs import COMPARABLE_AXES, Cell, Pair
 from tokenflip.layout import RunLayout
 from tokenflip.plan import cell_job, expand_cells, expand_pairs, job_priorities, probe_job, probe_targets
@@ -118,7 +119,7 @@ def job_device(wildcards):
     """Where a generation or probe job runs: its cell's device axis, else the run's
     `generation.device`; `auto` means CUDA when this machine has it."""
     cell = cell_of(wildcards) if "cell" in wildcards.keys() else None
-    if cell is not None and cell.engine == "llama.cpp":
+    if cell is not None and cell.engine == LLAMA_CPP:
         return "cpu"  # the llama-cpp-python build is a CPU build
     device = cell.device if cell is not None else "default"
     if device == "default":

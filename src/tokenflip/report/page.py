@@ -44,6 +44,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     kv_patching = _read_optional(summary_dir / "kv_patching.parquet")
     kv_forms = _read_optional(summary_dir / "kv_forms.parquet")
     kv_rows = kv_table(pairs_df)
+    kv_probe_rows = probe_claims(kv_steps)
     interventions_df = _read_optional(summary_dir / "interventions.parquet")
     prec_steps = _read_optional(summary_dir / "precision_steps.parquet")
     precision_rows = precision_table(pairs_df, prec_steps)
@@ -81,12 +82,12 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         traced_precision=traced_prompts(prec_steps),
         traced_kv=traced_prompts(kv_steps),
         precision_probe_steps=len(prec_steps),
-        kv=kv_claims(kv_rows, probe_claims(kv_steps)),
+        kv=kv_claims(kv_rows, kv_probe_rows),
         fig_kl=kl_figure(kv_steps),
         form_rows=form_claims(kv_forms),
         fig_form_kl=form_kl_figure(kv_forms),
         flip_rows=flip_table(kv_steps),
-        probe_claim_rows=probe_claims(kv_steps),
+        probe_claim_rows=kv_probe_rows,
         fig_flip_kl=flip_kl_figure(kv_steps),
         fig_drift=drift_figure(kv_layers),
         fig_patching=patching_figure(kv_patching),
