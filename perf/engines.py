@@ -20,7 +20,8 @@ import time
 
 import _common as c
 
-from tokenflip.engines import LlamaCpp, gguf_path, unavailable
+from tokenflip.engines import unavailable
+from tokenflip.engines.llama_cpp import LlamaCpp, gguf_path
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tokenflip.config import ConfigError, validate
-from tokenflip.engines import LLAMA_CPP_PACKAGE, unavailable
+from tokenflip.engines import LLAMA_CPP, LLAMA_CPP_PACKAGE, unavailable
 
 pytestmark = pytest.mark.skipif(unavailable("llama.cpp") is not None, reason="llama-cpp-python is not installed")
 
@@ -54,7 +54,7 @@ def _reference(prepared_models, prompt, precision: str, steps: int, cache: bool)
     """llama-cpp-python's own greedy generation of `prompt`: tokens and the top logit of each step."""
     import llama_cpp
 
-    from tokenflip.engines import KV_CACHE_TYPES, gguf_path
+    from tokenflip.engines.llama_cpp import KV_CACHE_TYPES, gguf_path
 
     kv = getattr(llama_cpp, f"GGML_TYPE_{KV_CACHE_TYPES[precision]}")
     n_ctx = len(prompt) + steps
@@ -298,5 +298,6 @@ def test_an_axis_llama_cpp_is_not_declared_to_honour_is_refused(monkeypatch):
     an axis added later cannot slip through to a llama.cpp cell that ignores it."""
     from tokenflip import engines
 
-    monkeypatch.setattr(engines, "_FREE_AXES", tuple(a for a in engines._FREE_AXES if a != "threads"))
+    llama_cpp = engines.engine(LLAMA_CPP)
+    monkeypatch.setattr(llama_cpp, "free_axes", tuple(a for a in llama_cpp.free_axes if a != "threads"))
     assert "engine 'llama.cpp' with threads 2: llama.cpp cells do not implement this axis" in _refusal({"threads": [2]})

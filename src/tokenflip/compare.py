@@ -14,11 +14,12 @@ import numpy as np
 import pyarrow as pa
 
 from . import stats, storage
+from .engines import axis_provenance
 from .jobs import CACHE_FORM_AXES, Pair
 
 # Provenance fields that legitimately differ between two cells of one run.
 _FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "table_sha256", "wall_seconds", "cpu_seconds",
-                "generated_tokens", "schema_version"}
+                "generated_tokens", "schema_version", "engine_timing"}
 
 
 # A code sample's verdicts (the other kinds' are correct, wrong and no_answer).
@@ -34,9 +35,9 @@ _AXIS_PROVENANCE = {
     "decoding": ("settings.decoding",),
     # The dtype a cell loads the stored weights in follows its precision (and, for the
     # interventions that load fp32 weights, the intervention).
-    "precision": ("model.weights", "engine.kv_cache_type"),  # llama.cpp's KV cache type follows the precision
+    "precision": ("model.weights",),
     "intervention": ("settings.intervention", "model.weights"),
-    "threads": ("settings.threads", "environment.device.threads", "engine.n_threads"),
+    "threads": ("settings.threads", "environment.device.threads"),
     "device": ("settings.device", "environment.device"),
     "deterministic": ("environment.determinism",),
     **{axis: ("cache_form",) for axis in CACHE_FORM_AXES},
@@ -45,6 +46,13 @@ _AXIS_PROVENANCE = {
     # CPU, beside a transformers cell that may run on a GPU.
     "engine": ("engine", "model.weights", "cache_form", "environment.device"),
 }
+
+
+def _allowed_fields(axis: str) -> tuple[str, ...]:
+    """What a value of `axis` legitimately changes: the fields above, and those each engine
+    declares for its own settings (llama.cpp's KV cache type follows the precision, vLLM's
+    arguments follow its scheduler axes)."""
+    return (*_AXIS_PROVENANCE.get(axis, ()), *axis_provenance(axis))
 
 
 class ComparabilityError(ValueError):
@@ -71,7 +79,7 @@ def check_comparable(meta_a: dict, meta_b: dict, axis: str, path_a: Any, path_b:
             f"{path_a} and {path_b} differ in axes {differing_axes}, expected exactly [{axis!r}]")
     flat_a = {k: v for k, v in flatten_provenance(meta_a).items() if k.split(".")[0] not in _FREE_FIELDS}
     flat_b = {k: v for k, v in flatten_provenance(meta_b).items() if k.split(".")[0] not in _FREE_FIELDS}
-    allowed = {f"settings.cell.{axis}", *_AXIS_PROVENANCE.get(axis, ())}
+    allowed = {f"settings.cell.{axis}", *_allowed_fields(axis)}
     for key in sorted(set(flat_a) | set(flat_b)):
         if any(key == p or key.startswith(p + ".") for p in allowed):
             continue

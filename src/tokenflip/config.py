@@ -13,7 +13,7 @@ import jsonschema
 import yaml
 
 from . import engines
-from .jobs import AXIS_DEFAULTS, CACHE_FORM_AXES, COMPARABLE_AXES
+from .jobs import AXIS_DEFAULTS, COMPARABLE_AXES
 from .registry import kinds_schema
 
 # Shipped inside the package, so that any installation (not only a checkout) validates.
@@ -58,7 +58,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-_ON_OFF_AXES = ("cache", "deterministic", "prefix_cache", "compile")
+_ON_OFF_AXES = ("cache", "deterministic", "prefix_cache", "compile", "batch_invariant")
 
 
 def _normalise(config: dict[str, Any]) -> dict[str, Any]:
@@ -271,7 +271,6 @@ def _semantic_problems(config: dict[str, Any]):
                     yield (f"probes.{probe}.{key}: {name!r} is not defined under '{key}' "
                            f"(defined: {sorted(config[key])})")
     if not undefined:
-        yield from _cache_form_problems(config)
         yield from engines.config_problems(config, AXIS_DEFAULTS)
         yield from engines.probe_problems(config)
     if not undefined:
@@ -281,51 +280,6 @@ def _semantic_problems(config: dict[str, Any]):
                 yield (f"comparisons.{i}: {comp['axis']} {comp['a']!r} vs {comp['b']!r} forms no pair: no two "
                        f"cells differ only in {comp['axis']!r} (put both values in one grid, with the same "
                        f"other axis values)")
-
-
-def _cache_form_problems(config: dict[str, Any]):
-    """Cache forms a grid combines that cannot run, each with the reason (a grid is a cross
-    product: put such values in grids of their own)."""
-    from .caches import kv_dtype_unavailable
-    from .interventions import INTERVENTIONS
-
-    def values(grid, axis):
-        return [str(v) for v in grid.get(axis, [AXIS_DEFAULTS[axis]])]
-
-    for i, grid in enumerate(config["grids"]):
-        where = f"grids.{i}"
-        changed = {axis: [v for v in values(grid, axis) if v != AXIS_DEFAULTS[axis]] for axis in CACHE_FORM_AXES}
-        if "off" in grid["cache"]:
-            for axis, vs in changed.items():
-                if vs:
-                    yield (f"{where}: {axis} {vs[0]!r} with cache 'off': with no cache nothing is cached "
-                           f"(put the cache-off cells in a grid of their own)")
-        if changed["prefix_cache"]:
-            if any(int(b) > 1 for b in grid["batch_size"]):
-                yield (f"{where}: prefix_cache 'on' with batch size {max(grid['batch_size'])}: left padding puts "
-                       f"pad tokens before the shared prefix, so a padded row cannot start from its cache")
-            if changed["cache_impl"]:
-                yield (f"{where}: prefix_cache 'on' with cache_impl 'static': a static cache is sized per batch "
-                       f"(prompt + max_new_tokens), a shared prefix's cache would fix one size for all")
-        if changed["kv_dtype"] and changed["cache_impl"]:
-            yield (f"{where}: kv_dtype {changed['kv_dtype'][0]!r} with cache_impl 'static': transformers' "
-                   f"quantized caches are dynamic")
-        if changed["compile"]:
-            if "dynamic" in values(grid, "cache_impl"):
-                yield (f"{where}: compile 'on' needs cache_impl 'static' in every cell: generate() compiles the "
-                       f"forward only with a static cache (a dynamic one changes shape at every step)")
-            if changed["prefill_chunk"]:
-                yield (f"{where}: compile 'on' with prefill_chunk {changed['prefill_chunk'][0]!r}: generate() also "
-                       f"compiles a chunked prefill, and only the compiled decode steps are built to equal it")
-            for label in values(grid, "intervention"):
-                kind = config["interventions"].get(label, {}).get("kind", "none")
-                if kind in INTERVENTIONS and INTERVENTIONS[kind].loads:
-                    yield (f"{where}: compile 'on' with intervention {label!r}: kind {kind!r} runs several "
-                           f"copies of the model, which have no compiled call")
-        for kv_dtype in changed["kv_dtype"]:
-            reason = kv_dtype_unavailable(kv_dtype)
-            if reason:
-                yield f"{where}: {reason}"
 
 
 def load(path: str | Path, check_data: bool = True) -> dict[str, Any]:

@@ -25,10 +25,13 @@ NAME_AXES = ("precision", "cache", "batch_size", "decoding", "intervention")
 # The cache forms serving engines turn on (see `caches`): how the prompt is prefilled
 # (`prefill_chunk`), a shared prefix computed once (`prefix_cache`), the cached keys' and
 # values' storage format (`kv_dtype`), a static cache (`cache_impl`), a compiled forward.
-# `engine`: the inference engine that runs the cell (`engines`: transformers or llama.cpp).
+# `engine`: the inference engine that runs the cell (`engines`: transformers, llama.cpp, vllm).
+# A serving engine's scheduler knobs: requests in flight (`concurrency`), batch-invariant
+# kernels (`batch_invariant`), the devices a model is split over (`tensor_parallel`).
 EXTRA_AXES = {"attention": "default", "threads": "default", "device": "default", "deterministic": "default",
               "repeat": "default", "prefill_chunk": "default", "prefix_cache": "off", "kv_dtype": "default",
-              "cache_impl": "dynamic", "compile": "off", "engine": "transformers"}
+              "cache_impl": "dynamic", "compile": "off", "engine": "transformers", "concurrency": "default",
+              "batch_invariant": "off", "tensor_parallel": "1"}
 CACHE_FORM_AXES = ("prefill_chunk", "prefix_cache", "kv_dtype", "cache_impl", "compile")
 COMPARABLE_AXES = NAME_AXES + tuple(EXTRA_AXES)
 AXIS_DEFAULTS = {"decoding": "greedy", "intervention": "none", **EXTRA_AXES}
@@ -58,6 +61,9 @@ class Cell:
     cache_impl: str = "dynamic"
     compile: str = "off"
     engine: str = "transformers"
+    concurrency: str = "default"
+    batch_invariant: str = "off"
+    tensor_parallel: str = "1"
 
     @property
     def name(self) -> str:

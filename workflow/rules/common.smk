@@ -5,7 +5,7 @@
 import json
 
 from tokenflip.benchmarks import build_benchmark
-from tokenflip.engines import LLAMA_CPP
+from tokenflip.engines import engine as engine_of
 from tokenflip.jobs import COMPARABLE_AXES, Cell, Pair
 from tokenflip.layout import RunLayout
 from tokenflip.plan import cell_job, expand_cells, expand_pairs, job_priorities, probe_job, probe_targets
@@ -119,14 +119,13 @@ def job_device(wildcards):
     """Where a generation or probe job runs: its cell's device axis, else the run's
     `generation.device`; `auto` means CUDA when this machine has it."""
     cell = cell_of(wildcards) if "cell" in wildcards.keys() else None
-    if cell is not None and cell.engine == LLAMA_CPP:
-        return "cpu"  # the llama-cpp-python build is a CPU build
     device = cell.device if cell is not None else "default"
     if device == "default":
         device = config["generation"]["device"]
     if device == "auto":
         device = "cuda" if accelerator_present() else "cpu"
-    return device
+    # An engine runs where its build runs (llama.cpp and vLLM's CPU build on the CPU).
+    return engine_of(cell.engine).job_device(cell, device) if cell is not None else device
 
 
 def accelerator_present():
@@ -139,12 +138,13 @@ def generate_threads(wildcards):
     number, or on a GPU every core Snakemake was given, and on a CPU one core per job, so
     that CPU jobs run side by side and each one's CPU time is its own."""
     if "cell" in wildcards.keys():
-        threads = cell_of(wildcards).threads
-        if threads != "default":
-            return int(threads)
-    if config["generation"]["threads"]:
-        return config["generation"]["threads"]
-    return workflow.cores if job_device(wildcards) == "cuda" else 1
+        cell = cell_of(wildcards)
+        threads = int(cell.threads) if cell.threads != "default" else None
+    else:
+        cell, threads = None, None
+    if threads is None:
+        threads = config["generation"]["threads"] or (workflow.cores if job_device(wildcards) == "cuda" else 1)
+    return engine_of(cell.engine).job_threads(cell, threads, workflow.cores) if cell is not None else threads
 
 
 def gpu_tokens(wildcards):

@@ -1,7 +1,4 @@
-"""The engine axis: which inference engine runs a cell.
-
-`transformers` is tokenflip's own decode loop over a transformers model (`decode`).
-`llama.cpp` runs the GGUF file a model was prepared from through llama-cpp-python, as
+"""llama.cpp as an engine: it runs the GGUF file a model was prepared from through llama-cpp-python, as
 llama.cpp's users run it: with the cache on, the prompt is evaluated in one batch and then
 one token per `llama_decode` against llama.cpp's own KV cache; with the cache off, the
 cache is cleared and the whole sequence evaluated again at every step. Tokens are chosen
@@ -22,58 +19,50 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .jobs import COMPARABLE_AXES
+from .base import Engine
 
 # numpy, torch and llama_cpp are imported where they are used: config validation (in the
 # Snakefile) reads this module and must not pay for them.
 
-TRANSFORMERS = "transformers"
 LLAMA_CPP = "llama.cpp"
-ENGINES = (TRANSFORMERS, LLAMA_CPP)
 LLAMA_CPP_PACKAGE = "llama-cpp-python"
 
 # ggml's tensor type names of the KV cache, per cell precision (llama-cpp-python names no
 # BF16 type, so a bf16 llama.cpp cell is refused).
 KV_CACHE_TYPES = {"fp32": "F32", "fp16": "F16"}
 
-# The axes a llama.cpp cell honours; every other axis must be at its default (validation
-# names the value and why, and an axis added later is refused until it is listed here).
-_FREE_AXES = ("precision", "cache", "decoding", "threads", "repeat", "engine")
-_WHY = {
-    "batch_size": "llama-cpp-python evaluates one sequence at a time (no left-padded batches)",
-    "intervention": "interventions patch a transformers model's modules",
-    "attention": "llama.cpp has its own attention kernels (not transformers' implementations)",
-    "device": "the llama-cpp-python build is a CPU build",
-    "deterministic": "torch's deterministic algorithms do not reach llama.cpp",
-    "prefill_chunk": "cache forms are transformers' cache classes",
-    "prefix_cache": "cache forms are transformers' cache classes",
-    "kv_dtype": "the KV cache type follows the cell's precision",
-    "cache_impl": "cache forms are transformers' cache classes",
-    "compile": "llama.cpp is compiled ahead of time",
-}
 
+class LlamaCppEngine(Engine):
+    name = LLAMA_CPP
+    free_axes = ("precision", "cache", "decoding", "threads", "repeat", "engine")
+    why = {
+        "batch_size": "llama-cpp-python evaluates one sequence at a time (no left-padded batches)",
+        "intervention": "interventions patch a transformers model's modules",
+        "attention": "llama.cpp has its own attention kernels (not transformers' implementations)",
+        "device": "the llama-cpp-python build is a CPU build",
+        "deterministic": "torch's deterministic algorithms do not reach llama.cpp",
+        "prefill_chunk": "cache forms are transformers' cache classes",
+        "prefix_cache": "cache forms are transformers' cache classes",
+        "kv_dtype": "the KV cache type follows the cell's precision",
+        "cache_impl": "cache forms are transformers' cache classes",
+        "compile": "llama.cpp is compiled ahead of time",
+        "concurrency": "llama-cpp-python runs one request at a time",
+        "batch_invariant": "batch-invariant kernels are vLLM's (VLLM_BATCH_INVARIANT)",
+        "tensor_parallel": "the llama-cpp-python build runs on the CPU",
+    }
+    # Another engine reads the same model's GGUF (its weights recorded as such); its KV
+    # cache type follows the precision, and its threads are its own.
+    axis_provenance = {"precision": ("engine.kv_cache_type",), "threads": ("engine.n_threads",)}
 
-def unavailable(engine: str) -> str | None:
-    """Why `engine` cannot run here (None if it can)."""
-    if engine != LLAMA_CPP:
+    def unavailable(self) -> str | None:
+        try:
+            importlib.metadata.version(LLAMA_CPP_PACKAGE)
+        except importlib.metadata.PackageNotFoundError:
+            return (f"engine {LLAMA_CPP!r} needs the package {LLAMA_CPP_PACKAGE!r}, which is not installed "
+                    f"(install it with `make llama-cpp`: requirements-llama-cpp.lock, built from its sdist)")
         return None
-    try:
-        importlib.metadata.version(LLAMA_CPP_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return (f"engine {LLAMA_CPP!r} needs the package {LLAMA_CPP_PACKAGE!r}, which is not installed "
-                f"(it is pinned in requirements.lock: make .venv/.tokenflip-installed)")
-    return None
 
-
-def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterator[str]:
-    """What a grid asks of llama.cpp that it cannot honour, each with the reason."""
-    for i, grid in enumerate(config["grids"]):
-        if LLAMA_CPP not in [str(v) for v in grid.get("engine", [defaults["engine"]])]:
-            continue
-        where = f"grids.{i}"
-        reason = unavailable(LLAMA_CPP)
-        if reason:
-            yield f"{where}: {reason}"
+    def grid_problems(self, config, grid, where, defaults) -> Iterator[str]:
         for name in grid.get("models", list(config["models"])):
             source = config["models"][name]["source"]
             if source != "gguf-package":
@@ -83,40 +72,16 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
             if precision not in KV_CACHE_TYPES:
                 yield (f"{where}: engine 'llama.cpp' with precision {precision!r}: llama-cpp-python offers KV "
                        f"cache types for {sorted(KV_CACHE_TYPES)} only")
-        for axis in COMPARABLE_AXES:
-            if axis in _FREE_AXES:
-                continue
-            why = _WHY.get(axis, "llama.cpp cells do not implement this axis")
-            for value in grid.get(axis, [defaults.get(axis)]):
-                if axis == "batch_size" and int(value) == 1:
-                    continue
-                if axis == "intervention" and config["interventions"].get(value, {}).get("kind") == "none":
-                    continue
-                if axis == "device" and str(value) in ("default", "cpu"):
-                    continue
-                if axis not in ("batch_size", "intervention", "device") and str(value) == str(defaults[axis]):
-                    continue
-                yield (f"{where}: engine 'llama.cpp' with {axis} {value!r}: {why} "
-                       f"(put the llama.cpp cells in a grid of their own)")
 
+    def job_device(self, cell, configured: str) -> str:
+        return "cpu"  # the llama-cpp-python build is a CPU build
 
-def probe_problems(config: dict[str, Any]) -> Iterator[str]:
-    """A probe over a model and benchmark whose cells all run in llama.cpp: probes replay the
-    transformers model, so it would trace something the study does not run."""
-    from .plan import expand_cells, probe_targets
-
-    engines_of: dict[tuple[str, str], set[str]] = {}
-    for cell in expand_cells(config):
-        engines_of.setdefault((cell.model, cell.benchmark), set()).add(cell.engine)
-    for probe, model, benchmark in probe_targets(config):
-        if engines_of.get((model, benchmark)) == {LLAMA_CPP}:
-            yield (f"probes.{probe}: model {model!r} on benchmark {benchmark!r} has only llama.cpp cells; probes "
-                   f"replay the transformers model (add transformers cells, or name other benchmarks under "
-                   f"probes.{probe}.benchmarks)")
+    def run(self, job, bench, model_dir, out_path, progress: bool) -> dict[str, Any]:
+        return run_llama_cpp(job, bench, model_dir, out_path, progress)
 
 
 def gguf_path(spec: dict[str, Any]) -> Path:
-    from .models import _package_file
+    from ..models import _package_file
 
     return _package_file(spec["package"], spec["file"])
 
@@ -127,7 +92,7 @@ def build_digest() -> str:
     another machine (llama.cpp compiles for the CPU it is built on) is another engine."""
     import llama_cpp
 
-    from .models import digest_files
+    from ..models import digest_files
 
     lib = Path(llama_cpp.__file__).parent / "lib"
     return digest_files([p for p in lib.iterdir() if p.is_file() and not p.is_symlink()], lib)
@@ -182,7 +147,7 @@ class LlamaCpp:
         """Generate one prompt; a `decode.BatchResult` of one row, ended as `decode` ends it."""
         import torch
 
-        from .decode import BatchResult, Generation, record_step
+        from ..decode import BatchResult, Generation, record_step
 
         gen = Generation()
         sequence = list(prompt)
@@ -205,3 +170,45 @@ class LlamaCpp:
                 gen.finish_reason = "stop"
                 break
         return BatchResult([gen], time.perf_counter() - start, steps)
+
+
+def run_llama_cpp(job, bench, model_dir, out_path, progress: bool) -> dict[str, Any]:
+    """The cell through llama.cpp, on the GGUF file the model was prepared from (its digest
+    checked against the one recorded at preparation)."""
+    import torch
+    from transformers import GenerationConfig
+
+    from .. import provenance, runtime
+    from ..cell_output import generate_records, model_record, write_cell
+    from ..decode import BatchResult
+    from ..models import ModelError, load_tokenizer, read_manifest, sha256_file
+
+    manifest = read_manifest(model_dir)
+    path = gguf_path(manifest["spec"])
+    digest = sha256_file(path)
+    if digest != manifest.get("source_digest"):
+        raise ModelError(f"{path}: its digest {digest[:12]}… is not the one {model_dir} was prepared from "
+                         f"({str(manifest.get('source_digest'))[:12]}…); prepare the model again")
+    tokenizer = load_tokenizer(model_dir)
+    eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
+    longest = max(len(runtime.encode_prompt(tokenizer, bench, item)) for item in bench.items())
+    # The job's threads as torch took them (generation.threads, else what Snakemake gave the job).
+    engine = LlamaCpp(path, job.cell.precision, longest + job.max_new_tokens, job.threads or torch.get_num_threads())
+    if engine.n_vocab != len(tokenizer):
+        raise ModelError(f"{path}: llama.cpp reads {engine.n_vocab} tokens, the prepared tokenizer {len(tokenizer)}; "
+                         f"their ids would not be the same tokens")
+
+    def decode_batch(ids, mask, select, stop) -> BatchResult:
+        return engine.decode(ids[0].tolist(), max_new_tokens=job.max_new_tokens, use_cache=job.cell.cache == "on",
+                             eos_token_ids=eos, record_top_k=job.record_top_k, select=select, stop=stop)
+
+    rows = generate_records(job, tokenizer, bench, decode_batch, pad, progress)
+    described = engine.describe()
+    provenance_of_engine = {
+        "model": {**model_record(manifest),
+                  "weights": {"gguf": path.name, "gguf_sha256": digest, "file_type": described["file_type"]}},
+        "environment": provenance.environment(torch.device("cpu")),
+        "cache_form": {"impl": "llama.cpp"},  # llama.cpp's own KV cache (its type: engine.kv_cache_type)
+        "engine": described,
+    }
+    return write_cell(job, bench, rows, eos, pad, provenance_of_engine, out_path)

@@ -1,0 +1,95 @@
+"""What every engine's cell writes, whichever engine decoded it: one row per prompt (ids,
+per-step statistics, decoded text, score) and the cell's Parquet file with its provenance.
+Engines hand over `decode.BatchResult`s; scoring and the file format live here once."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+from tqdm import tqdm
+
+from . import runtime, storage
+from .benchmarks import Benchmark, Item
+from .decode import BatchResult, left_pad, stop_criterion
+from .jobs import CellJob
+from .sampling import make_selector
+
+
+def records(job: CellJob, bench: Benchmark, batch: list[Item], batch_index: int, first_index: int,
+            prompts: list[list[int]], result: BatchResult, tokenizer, cpu_seconds: float) -> list[dict[str, Any]]:
+    """One row per prompt of a decoded batch: tokens, per-step statistics, score."""
+    k = job.record_top_k
+    rows = []
+    for offset, (item, prompt, gen) in enumerate(zip(batch, prompts, result.generations)):
+        text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        score = bench.score(item, text, finished=gen.finish_reason != "length")
+        rows.append({
+            "prompt_index": first_index + offset, "prompt_id": item.id, "batch_index": batch_index,
+            "prompt_ids": prompt, "token_ids": gen.token_ids,
+            "top_ids": np.asarray(gen.top_ids, dtype=np.int32).reshape(-1, k),
+            "top_logits": np.asarray(gen.top_logits, dtype=np.float32).reshape(-1, k),
+            "margin": gen.margin, "logsumexp": gen.logsumexp, "entropy": gen.entropy,
+            "intervened": gen.intervened, "n_tokens": len(gen.token_ids),
+            "finish_reason": gen.finish_reason, "text": text, "gold": item.gold,
+            "extracted": score.extracted, "correct": score.correct, "answer_rule": score.rule,
+            "verdict": score.verdict,
+            "latency_s": result.wall_seconds, "cpu_s": cpu_seconds,
+        })
+    return rows
+
+
+# (left-padded ids, mask, token selector, stop criterion) -> the batch decoded
+BatchDecoder = Callable[[Any, Any, Any, Any], BatchResult]
+
+
+def generate_records(job: CellJob, tokenizer, bench: Benchmark, decode_batch: BatchDecoder, pad: int,
+                     progress: bool = True, device="cpu") -> list[dict]:
+    """Decode every item of the benchmark in fixed batches of the cell's batch size, each
+    batch through `decode_batch` (the cell's engine; sampling draws on `device`)."""
+    cell = job.cell
+    items = bench.items()
+    stop = stop_criterion(tokenizer, bench.stop)
+    rows: list[dict[str, Any]] = []
+    batches = [items[i:i + cell.batch_size] for i in range(0, len(items), cell.batch_size)]
+    for b, batch in enumerate(tqdm(batches, desc=cell.id, unit="batch", disable=not progress)):
+        prompts = [runtime.encode_prompt(tokenizer, bench, item) for item in batch]
+        ids, mask = left_pad(prompts, pad)
+        select = make_selector(job.decoding, [item.id for item in batch], job.run_seed, device)
+        cpu_start = time.process_time()
+        result = decode_batch(ids, mask, select, stop)
+        cpu = time.process_time() - cpu_start
+        rows += records(job, bench, batch, b, len(rows), prompts, result, tokenizer, cpu)
+    return rows
+
+
+def model_record(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {k: manifest.get(k) for k in ("spec", "architecture", "num_parameters", "weights_sha256",
+                                         "tokenizer_sha256", "source_digest", "resolved_revision")}
+
+
+def write_cell(job: CellJob, bench: Benchmark, rows: list[dict], eos: list[int], pad: int,
+               provenance_of_engine: dict[str, Any], out_path) -> dict[str, Any]:
+    """The cell's table and its provenance, written atomically. Time is summed over the
+    cell's batches (every row of a batch records the batch's time)."""
+    cell = job.cell
+    table = storage.cell_table(rows, job.record_top_k)
+    first_rows = list({r["batch_index"]: r for r in reversed(rows)}.values())
+    metadata = {
+        "kind": "cell",
+        "cell": cell.as_dict(),
+        "cell_id": cell.id,
+        "settings": job.to_json(),
+        "benchmark": bench.describe(),
+        "eos_token_ids": eos,
+        "pad_token_id": pad,
+        **provenance_of_engine,
+        "token_stream_sha256": storage.token_stream_digest(table),
+        "logits_sha256": storage.logits_digest(table),
+        "wall_seconds": float(sum(r["latency_s"] for r in first_rows)),
+        "cpu_seconds": float(sum(r["cpu_s"] for r in first_rows)),
+        "generated_tokens": int(sum(r["n_tokens"] for r in rows)),
+    }
+    storage.write_table(table, out_path, metadata)
+    return metadata

