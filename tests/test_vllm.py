@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from tokenflip.config import ConfigError, validate
 from tokenflip.engines import VLLM, unavailable
@@ -55,14 +54,13 @@ CELLS = {"transformers": "fp32-on-bs1-greedy-none",
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    from test_workflow import snakemake
+    from conftest import run_snakemake, write_yaml
 
     from tokenflip import storage
 
     root = tmp_path_factory.mktemp("vllm-study")
-    config = root / "config.yaml"
-    config.write_text(yaml.safe_dump(STUDY, sort_keys=False))
-    snakemake(root, config)
+    # Three engine starts and a model preparation: minutes, more on a shared machine.
+    run_snakemake(root, write_yaml(root / "config.yaml", STUDY), timeout=2400)
     cells = {key: storage.read_cell(root / "results" / "vllm" / "cells" / "smollm2" / "steps" / f"{name}.parquet")
              for key, name in CELLS.items()}
     return root, cells
@@ -252,5 +250,26 @@ def test_the_worker_imports_nothing_of_tokenflip():
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
     assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
-    assert imported <= {"__future__", "hashlib", "importlib", "json", "os", "platform", "sys", "time", "torch",
+    assert imported <= {"__future__", "hashlib", "importlib", "json", "os", "platform", "psutil", "sys", "time", "torch",
                         "vllm"}, imported
+
+
+def test_each_axis_sets_the_engine_argument_vllm_documents():
+    from tokenflip.engines.vllm import engine_args, engine_env, sampling_of
+    from tokenflip.jobs import Cell
+
+    plain = Cell("m", "b", "bf16", "on", 1, "greedy", "none", engine="vllm")
+    assert engine_args(plain, 300, 8, 0) == {
+        "dtype": "bfloat16", "seed": 0, "max_model_len": 300, "logprobs_mode": "raw_logits", "max_logprobs": 8,
+        "enforce_eager": True, "enable_prefix_caching": False, "tensor_parallel_size": 1, "disable_log_stats": True}
+    knobs = Cell("m", "b", "fp32", "on", 1, "greedy", "none", engine="vllm", concurrency="8", prefill_chunk="64",
+                 kv_dtype="fp8_e5m2", compile="on", prefix_cache="cold", tensor_parallel="2")
+    args = engine_args(knobs, 300, 8, 5)
+    assert (args["max_num_seqs"], args["max_num_batched_tokens"], args["enable_chunked_prefill"]) == (8, 64, True)
+    assert (args["kv_cache_dtype"], args["enforce_eager"], args["enable_prefix_caching"]) == ("fp8_e5m2", False, True)
+    assert (args["dtype"], args["seed"], args["tensor_parallel_size"]) == ("float32", 5, 2)
+    assert engine_env(Cell("m", "b", "fp32", "on", 1, "greedy", "none", engine="vllm", batch_invariant="on",
+                           threads="1"), "cpu")["VLLM_BATCH_INVARIANT"] == "1"
+    assert engine_env(plain, "cuda") == {"VLLM_BATCH_INVARIANT": "0"}
+    assert sampling_of({"strategy": "greedy"}) == {"temperature": 0.0}
+    assert sampling_of({"strategy": "sample", "temperature": 0.7, "top_p": 0.9}) == {"temperature": 0.7, "top_p": 0.9}

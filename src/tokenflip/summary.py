@@ -112,10 +112,6 @@ def _seconds(meta: dict[str, Any]) -> float:
     """The cell's compute time robust to other load: process CPU time on a CPU, wall time
     (synchronised) on an accelerator, where the host CPU mostly waits."""
     device = meta.get("environment", {}).get("device", {}).get("type")
-    if meta.get("engine", {}).get("name") == "vllm":
-        # vLLM computes in its own processes, whose CPU time includes the engine's start:
-        # the time of its generation pass, as vLLM's server would spend it.
-        return float(meta.get("wall_seconds", float("nan")))
     if device == "cpu" and meta.get("cpu_seconds") is not None:
         return float(meta["cpu_seconds"])
     return float(meta.get("wall_seconds", float("nan")))

@@ -236,8 +236,12 @@ def sampling_of(decoding: dict[str, Any]) -> dict[str, Any]:
     """vLLM's sampling parameters for a decoding spec (greedy: temperature 0)."""
     if decoding["strategy"] == "greedy":
         return {"temperature": 0.0}
-    return {"temperature": float(decoding.get("temperature", 1.0)), "top_k": int(decoding.get("top_k") or 0) or -1,
-            "top_p": float(decoding.get("top_p") if decoding.get("top_p") is not None else 1.0)}
+    out = {"temperature": float(decoding.get("temperature", 1.0))}
+    if decoding.get("top_k"):
+        out["top_k"] = int(decoding["top_k"])
+    if decoding.get("top_p") is not None:
+        out["top_p"] = float(decoding["top_p"])
+    return out
 
 
 def request(job, bench, model_dir, tokenizer, eos: list[int], device: str) -> dict[str, Any]:
@@ -262,9 +266,10 @@ def request(job, bench, model_dir, tokenizer, eos: list[int], device: str) -> di
     }
 
 
-def call_worker(req: dict[str, Any], env: dict[str, str], workdir: Path) -> tuple[dict[str, Any], float]:
-    """Run the worker in vLLM's environment; its log goes to this job's log. Returns the
-    response and the CPU seconds of the worker and every process it started."""
+def call_worker(req: dict[str, Any], env: dict[str, str], workdir: Path) -> dict[str, Any]:
+    """Run the worker in vLLM's environment; its log goes to this job's log. The response
+    holds its timing: wall and CPU seconds of vLLM's processes (the worker measures its
+    process tree, whose engine processes are killed at shutdown and never reaped here)."""
     interpreter = python()
     if interpreter is None:
         raise VllmError(f"engine 'vllm': no vLLM environment found; {_INSTALL}")
@@ -276,12 +281,10 @@ def call_worker(req: dict[str, Any], env: dict[str, str], workdir: Path) -> tupl
     # shadow vLLM) nor user site-packages or PYTHON* variables reach vLLM's imports.
     proc = subprocess.run([str(interpreter), "-I", str(WORKER), str(req_path), str(resp_path)], env=child_env,
                           stdout=sys.stderr, stderr=sys.stderr)
-    after = os.times()
     if proc.returncode != 0 or not resp_path.exists():
         raise VllmError(f"engine 'vllm': the worker ({interpreter} {WORKER.name}) failed with exit code "
                         f"{proc.returncode}; vLLM's own message is in this job's log above")
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return json.loads(resp_path.read_text()), cpu
+    return json.loads(resp_path.read_text())
 
 
 def generations(response: dict[str, Any], k: int):
@@ -340,12 +343,13 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f".{out_path.name}.vllm.", dir=out_path.parent) as tmp:
-        response, cpu = call_worker(req, env, Path(tmp))
+        response = call_worker(req, env, Path(tmp))
     wall = time.perf_counter() - start
     gens = generations(response, job.record_top_k)
     # Every prompt is one request of one submission: one batch, timed as a whole.
     result = BatchResult(gens, response["timing"]["generate_s"], max((len(g.token_ids) for g in gens), default=0))
-    rows = records(job, bench, bench.items(), 0, 0, req["prompts"], result, tokenizer, cpu)
+    rows = records(job, bench, bench.items(), 0, 0, req["prompts"], result, tokenizer,
+                   response["timing"]["generate_cpu_s"])
     import torch
 
     provenance_of_engine = {
@@ -356,6 +360,7 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
         "engine": {**response["engine"], "prefix_cache": prefix_cache_record(job.cell, req["prompts"], response),
                    "n_threads": len(env["VLLM_CPU_OMP_THREADS_BIND"].split(",")) if device == "cpu" else None},
         "engine_timing": {"start_seconds": response["timing"]["start_s"],
-                          "warm_seconds": response["timing"]["warm_s"], "job_wall_seconds": wall},
+                          "warm_seconds": response["timing"]["warm_s"], "job_wall_seconds": wall,
+                          "vllm_cpu_seconds": response["timing"]["total_cpu_s"]},
     }
     return write_cell(job, bench, rows, eos, pad, provenance_of_engine, out_path)
