@@ -15,6 +15,7 @@ from . import engines, provenance, runtime, storage
 from .benchmarks import Benchmark, Item, build_benchmark
 from .caches import CacheForm, Prefix, shared_prefix
 from .decode import BatchResult, decode, left_pad, stop_criterion
+from .finite import require_finite
 from .interventions import apply_to_model, weights_precision
 from .jobs import CellJob
 from .models import ModelError, load_prepared, load_tokenizer, read_manifest, sha256_file, weights_record
@@ -165,6 +166,7 @@ def _write_cell(job: CellJob, bench: Benchmark, records: list[dict], eos: list[i
                 provenance_of_engine: dict[str, Any], out_path) -> dict[str, Any]:
     """The cell's table and its provenance, written atomically."""
     cell = job.cell
+    require_finite(records, cell.id)
     table = storage.cell_table(records, job.record_top_k)
     first_rows = records[::cell.batch_size]
     metadata = {
