@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +255,7 @@ def verify_prepared(model_dir: str | Path, manifest: dict[str, Any], tokenizer_o
     """Refuse a prepared model whose files are not the ones its manifest records (edited in
     place, truncated, added or removed): a cell records the manifest's digests, so it must load
     exactly those bytes. Snakemake cannot see such an edit (a directory output's time is its own
-    stamp file), so every load checks; hashing costs about 1 s per GB."""
+    stamp file), so every load checks (a process hashes each file once)."""
     root = Path(model_dir)
     recorded = manifest.get("files")
     if recorded is None:  # prepared before per-file digests: check the two combined ones
@@ -270,7 +271,10 @@ def verify_prepared(model_dir: str | Path, manifest: dict[str, Any], tokenizer_o
     wanted = {name for name in recorded
               if not tokenizer_only or name.startswith(("tokenizer", "special_tokens", "chat_template"))}
     present = {p.name for p in root.iterdir() if p.is_file() and not p.name.startswith(".")} - {MANIFEST}
-    changed = sorted(name for name in wanted & present if _file_digest(root / name) != recorded[name])
+    names = sorted(wanted & present)
+    with ThreadPoolExecutor(max_workers=min(8, len(names) or 1)) as pool:  # the shards of a checkpoint side by side
+        digests = dict(zip(names, pool.map(lambda name: _file_digest(root / name), names)))
+    changed = [name for name in names if digests[name] != recorded[name]]
     problems = [f"{root / name}: changed since the model was prepared (its sha256 is not the one "
                 f"{root / MANIFEST} records)" for name in changed]
     problems += [f"{root / name}: missing (recorded in {root / MANIFEST})" for name in sorted(wanted - present)]
