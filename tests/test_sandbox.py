@@ -644,7 +644,8 @@ def test_every_denied_syscall_is_refused():
                 seen[name] = 'succeeded' if result >= 0 else ctypes.get_errno()
             return seen
     """
-    assert_probe(code, f"import errno\nassert len(seen) == {len(denied)} and set(seen.values()) == {{errno.EPERM}}, seen")
+    check = f"import errno\nassert len(seen) == {len(denied)} and set(seen.values()) == {{errno.EPERM}}, seen"
+    assert_probe(code, check)
 
 
 @pytest.mark.parametrize("machine, header", [("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
@@ -856,3 +857,5 @@ def test_unsandboxed_fallback_still_separates_the_verdict():
     assert run_sample("def f(x):\n    return x\n", tests, layers=bare).status == "failed"
     forged = "import os\nprint('{\"passed\": true, \"status\": \"passed\"}')\nos._exit(0)\n"
     assert run_sample(forged, tests, layers=bare).status == "failed"
+    threaded = "import threading\ndef f(x):\n    threading.Thread(target=int).start()\n    return x * 2\n"
+    assert run_sample(threaded, tests, layers=bare).status == "failed"  # as in the sandbox: no threads

@@ -39,4 +39,5 @@ def require_finite(records: list[dict[str, Any]], cell_id: str) -> None:
                 f"cell {cell_id}: the logits are not finite at step {step} (0 = the first generated token) of prompt "
                 f"{row['prompt_id']!r} (index {row['prompt_index']}): {name} is {value}. The model's forward pass "
                 "yields NaN or inf (a bad checkpoint, or a config override such as a negative rope_theta or "
-                "rms_norm_eps); no cell is written, since its tokens would be chosen among NaN and compared as numbers.")
+                "rms_norm_eps); no cell is written, since its tokens would be chosen among NaN and compared as "
+                "numbers.")
