@@ -14,7 +14,7 @@ import pytest
 
 from conftest import SHARED_DATA, run_snakemake, tiny_study, write_yaml
 from tokenflip.benchmarks import build_benchmark
-from tokenflip.models import load_tokenizer
+from tokenflip.models import load_tokenizer, sha256_file
 from tokenflip.runtime import PromptFormatError, check_prompts, encode_prompt
 
 REFUSES_SYSTEM = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
@@ -32,6 +32,9 @@ def tokenizer_variant(prepared: Path, root: Path, template: str | None) -> Path:
     if template is not None:
         (out / "chat_template.jinja").write_text(template)
     (out / "tokenizer_config.json").write_text(json.dumps(config))
+    manifest = json.loads((out / "model.json").read_text())  # prepared so on purpose: it records its files
+    manifest["files"] = {p.name: sha256_file(p) for p in out.iterdir() if p.is_file() and p.name != "model.json"}
+    (out / "model.json").write_text(json.dumps(manifest))
     return out
 
 

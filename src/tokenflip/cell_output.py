@@ -13,6 +13,7 @@ from tqdm import tqdm
 from . import runtime, storage
 from .benchmarks import Benchmark, Item
 from .decode import BatchResult, left_pad, stop_criterion
+from .finite import require_finite
 from .jobs import CellJob
 from .sampling import make_selector
 
@@ -70,10 +71,13 @@ def model_record(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_cell(job: CellJob, bench: Benchmark, rows: list[dict], eos: list[int], pad: int,
-               provenance_of_engine: dict[str, Any], out_path) -> dict[str, Any]:
-    """The cell's table and its provenance, written atomically. Time is summed over the
-    cell's batches (every row of a batch records the batch's time)."""
+               provenance_of_engine: dict[str, Any], out_path, unrecorded: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The cell's table and its provenance, written atomically, once every number the engine
+    recorded is finite (`unrecorded`: the per-step statistics an engine does not return,
+    stored as NaN). Time is summed over the cell's batches (every row of a batch records the
+    batch's time)."""
     cell = job.cell
+    require_finite(rows, cell.id, skip=unrecorded)
     table = storage.cell_table(rows, job.record_top_k)
     first_rows = list({r["batch_index"]: r for r in reversed(rows)}.values())
     metadata = {

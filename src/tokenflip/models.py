@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -165,25 +166,25 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
         if own_temporary.fullmatch(stale.name) and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    os.chmod(tmp, 0o777 & ~storage.current_umask())  # mkdtemp's 0700 would hide the model from the group
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         weights = sorted(tmp.glob("*.safetensors"))
-        tokenizer_files = sorted(p for p in tmp.iterdir()
-                                 if p.name.startswith(("tokenizer", "special_tokens", "chat_template")))
         manifest = {
             "spec": spec,
             "architecture": model.config.model_type,
             "num_parameters": int(sum(p.numel() for p in model.parameters())),
             "stored_dtype": stored_dtype(model),
             "weights_sha256": digest_files(weights, tmp),
-            "tokenizer_sha256": digest_files(tokenizer_files, tmp),
+            "tokenizer_sha256": digest_files(_tokenizer_files(tmp), tmp),
+            # Every file a load reads, so that one edited in place is found and named (`verify_prepared`).
+            "files": {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()},
             "source_digest": _source_digest(spec),
             # For hub models: the commit a branch name such as `main` resolved to.
             "resolved_revision": getattr(model.config, "_commit_hash", None),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        storage.follow_umask(tmp)  # safetensors writes its files 0600
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -235,6 +236,56 @@ def _source_digest(spec: dict[str, Any]) -> str | None:
     return None
 
 
+def _tokenizer_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.name.startswith(("tokenizer", "special_tokens", "chat_template")))
+
+
+_DIGESTS: dict[tuple, str] = {}  # (path, inode, size, mtime): sha256, so a process hashes a file once
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]
+
+
+def verify_prepared(model_dir: str | Path, manifest: dict[str, Any], tokenizer_only: bool = False) -> None:
+    """Refuse a prepared model whose files are not the ones its manifest records (edited in
+    place, truncated, added or removed): a cell records the manifest's digests, so it must load
+    exactly those bytes. Snakemake cannot see such an edit (a directory output's time is its own
+    stamp file), so every load checks (a process hashes each file once)."""
+    root = Path(model_dir)
+    recorded = manifest.get("files")
+    if recorded is None:  # prepared before per-file digests: check the two combined ones
+        groups = {"tokenizer_sha256": _tokenizer_files(root)}
+        if not tokenizer_only:
+            groups["weights_sha256"] = sorted(root.glob("*.safetensors"))
+        for key, paths in groups.items():
+            if digest_files(paths, root) != manifest.get(key):
+                raise ModelError(f"{', '.join(str(p) for p in paths) or root}: not the files whose {key} "
+                                 f"{root / MANIFEST} records (edited since the model was prepared); prepare the "
+                                 f"model again (remove {root})")
+        return
+    wanted = {name for name in recorded
+              if not tokenizer_only or name.startswith(("tokenizer", "special_tokens", "chat_template"))}
+    present = {p.name for p in root.iterdir() if p.is_file() and not p.name.startswith(".")} - {MANIFEST}
+    names = sorted(wanted & present)
+    with ThreadPoolExecutor(max_workers=min(8, len(names) or 1)) as pool:  # the shards of a checkpoint side by side
+        digests = dict(zip(names, pool.map(lambda name: _file_digest(root / name), names)))
+    changed = [name for name in names if digests[name] != recorded[name]]
+    problems = [f"{root / name}: changed since the model was prepared (its sha256 is not the one "
+                f"{root / MANIFEST} records)" for name in changed]
+    problems += [f"{root / name}: missing (recorded in {root / MANIFEST})" for name in sorted(wanted - present)]
+    if not tokenizer_only:
+        problems += [f"{root / name}: not a file of the prepared model (added since it was prepared)"
+                     for name in sorted(present - set(recorded))]
+    if problems:
+        raise ModelError("; ".join(problems) + f". A cell made from it would record digests of files it did not "
+                         f"load: prepare the model again (remove {root}).")
+
+
 def read_manifest(model_dir: str | Path) -> dict[str, Any]:
     path = Path(model_dir) / MANIFEST
     if not path.exists():
@@ -254,7 +305,7 @@ def load_tokenizer(model_dir: str | Path):
     """The tokenizer of a prepared model (no weights loaded)."""
     from transformers import AutoTokenizer
 
-    read_manifest(model_dir)
+    verify_prepared(model_dir, read_manifest(model_dir), tokenizer_only=True)
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
@@ -266,6 +317,7 @@ def load_prepared(model_dir: str | Path, precision: str, device: str = "auto", a
     if precision not in PRECISIONS:
         raise ModelError(f"unknown precision {precision!r}; known: {sorted(PRECISIONS)}")
     manifest = read_manifest(model_dir)
+    verify_prepared(model_dir, manifest)
     extra = {} if attention == "default" else {"attn_implementation": attention}
     target = resolve_device("auto" if device == "default" else device)
     # On an accelerator the weights are read straight onto it, cast on the way (no staging

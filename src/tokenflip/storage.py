@@ -114,6 +114,18 @@ def current_umask() -> int:
     return mask
 
 
+def follow_umask(path: str | Path) -> None:
+    """Give `path` (and, for a directory, everything in it) the mode the user's umask gives a new
+    file or directory. What is written through a private temporary (mkstemp and mkdtemp create
+    0600 and 0700) or by a library that writes its files 0600 (safetensors) would otherwise stay
+    unreadable to a group sharing a project directory (or a web server publishing reports)."""
+    mask = current_umask()
+    root = Path(path)
+    for item in [root, *(root.rglob("*") if root.is_dir() and not root.is_symlink() else ())]:
+        if not item.is_symlink():
+            os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)
+
+
 def _type_tag(kind: pa.DataType) -> str:
     """A type's structure without the names Parquet may change on a round trip (a list's
     item field is read back as `element`) or its large/small variants."""
@@ -195,10 +207,8 @@ def atomic_path(path: str | Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
-    # mkstemp creates 0600; a result gets the mode the user's umask gives any new file, so a
-    # group sharing a project directory (or a web server publishing reports) can read it.
-    os.fchmod(fd, 0o666 & ~current_umask())
     os.close(fd)
+    follow_umask(tmp)
     try:
         yield Path(tmp)
         with open(tmp, "rb") as fh:

@@ -331,9 +331,10 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     from .. import provenance, runtime
     from ..cell_output import model_record, records, write_cell
     from ..decode import BatchResult
-    from ..models import load_tokenizer, read_manifest, weights_record
+    from ..models import load_tokenizer, read_manifest, verify_prepared, weights_record
 
     manifest = read_manifest(model_dir)
+    verify_prepared(model_dir, manifest)  # vLLM reads the files itself: they must be the ones recorded
     tokenizer = load_tokenizer(model_dir)
     eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
     device = platform_of(installed())
@@ -363,4 +364,4 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
                           "warm_seconds": response["timing"]["warm_s"], "job_wall_seconds": wall,
                           "vllm_cpu_seconds": response["timing"]["total_cpu_s"]},
     }
-    return write_cell(job, bench, rows, eos, pad, provenance_of_engine, out_path)
+    return write_cell(job, bench, rows, eos, pad, provenance_of_engine, out_path, unrecorded=("logsumexp", "entropy"))

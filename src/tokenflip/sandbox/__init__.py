@@ -7,14 +7,15 @@ states them, and `available_layers` says which this machine provides):
   a forged success marker, an always-equal object or a patched test cannot pass.
 - Each process runs in a bubblewrap sandbox (`bwrap`): a read-only view of the interpreter
   and its standard library only, a private size-limited tmpfs, fresh user, PID, network,
-  IPC and UTS namespaces, no capabilities, an unprivileged uid, no process creation
-  (seccomp), and death with the scorer.
+  IPC and UTS namespaces, no capabilities, an unprivileged uid, the seccomp filter of
+  `seccomp` (no processes or threads, no kernel objects that hold memory outside the limits,
+  no sockets by any route), and death with the scorer.
 - Hard limits on the whole sample: CPU time, wall time, memory, output.
 - Where the machine cannot provide a layer, `Layers.missing` names it, and code benchmarks
   refuse to score unless told `unsafe_execution`.
 
 `contract` states these as data (guarantees, limits, layers, results); `execution` runs the
-two processes; `bwrap` builds the sandbox. The code benchmarks (`tokenflip.benchmarks.humaneval`,
+two processes; `bwrap` builds the sandbox; `seccomp` its filter. The code benchmarks (`tokenflip.benchmarks.humaneval`,
 `mbpp`) call `run_sample` with a `TestProgram`; nothing here knows about benchmarks.
 """
 

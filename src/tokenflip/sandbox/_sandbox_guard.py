@@ -1,5 +1,5 @@
 """An in-process convenience layer for the candidate process where the operating system cannot
-isolate it (`unsafe_execution`): disables process creation, signals, sockets and writes outside
+isolate it (`unsafe_execution`): disables process and thread creation, signals, sockets and writes outside
 the working directory at the level of the builtin modules. Candidate code can undo it (for
 instance by re-importing modules), so it is never the boundary. Standard library only."""
 
@@ -20,6 +20,7 @@ def install(root):
 
     import _posixsubprocess
     import _socket
+    import _thread
 
     faulthandler.disable()
     root = os.path.realpath(root)
@@ -96,6 +97,11 @@ def install(root):
 
     builtins.open = io.open = guarded_open
     _posixsubprocess.fork_exec = deny("subprocess")
+    # No threads either, as under the seccomp filter, so that a verdict does not depend on the mode.
+    _thread.start_new_thread = _thread.start_new = deny("threads")
+    loaded_threading = sys.modules.get("threading")
+    if loaded_threading is not None:
+        loaded_threading._start_new_thread = _thread.start_new_thread
     for name in ("alarm", "setitimer", "pthread_sigmask", "pthread_kill", "pidfd_send_signal", "sigwait"):
         if hasattr(_signal, name):
             setattr(_signal, name, deny(f"signal.{name}"))

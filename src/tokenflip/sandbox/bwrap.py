@@ -1,10 +1,8 @@
 """The operating-system boundary around executed code: a bubblewrap (`bwrap`) sandbox per process
 that sees only the interpreter and its standard library, read-only; a private size-limited
 tmpfs as its working directory; no network, IPC or other processes (fresh namespaces, and no
-/proc at all); no capabilities and an unprivileged uid inside; a seccomp filter that forbids
-creating processes (so one process's resource limits are the whole sample's) and the kernel
-interfaces a sample has no use for (keyrings, ptrace, bpf, perf events, userfaultfd, memory
-files, sockets); and death with its parent.
+/proc at all); no capabilities and an unprivileged uid inside; the seccomp filter of `seccomp`
+(one task, nothing held outside the resource limits, no sockets); and death with its parent.
 
 Run as root, bwrap maps the sandbox's uid to root's outside its user namespace; without
 capabilities that uid can only use what the sandbox shows it, which is why no /proc (whose
@@ -15,17 +13,15 @@ from __future__ import annotations
 import functools
 import glob
 import os
-import platform
 import shutil
 import site
-import struct
 import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["find_bwrap", "bwrap_version", "python_view", "seccomp_no_processes", "bwrap_command",
+__all__ = ["find_bwrap", "bwrap_version", "python_view", "bwrap_command",
            "HELPERS", "HELPER_DIR", "WORKDIR", "SANDBOX_UID"]
 
 HERE = Path(__file__).resolve().parent
@@ -98,48 +94,6 @@ def python_view(python: str = sys.executable) -> PythonView:
     hidden = sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)
                      and any(os.path.realpath(p).startswith(b.rstrip("/") + "/") for b in binds)})
     return PythonView(executable, tuple(sorted(binds)), tuple(hidden), tuple(symlinks))
-
-
-# Classic BPF for seccomp (struct sock_filter: u16 code, u8 jt, u8 jf, u32 k).
-_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
-_ALLOW, _KILL_PROCESS = 0x7FFF0000, 0x80000000
-_ERRNO = 0x00050000
-_CLONE_THREAD = 0x00010000
-_ARCHES = {  # machine: (AUDIT_ARCH, clone, clone3, other process-creating syscalls, denied, x32 bit)
-    # denied: add_key, request_key, keyctl, ptrace, bpf, perf_event_open, userfaultfd, and
-    # memfd_create, socket, socketpair: anonymous memory files are shared memory outside the
-    # address-space limit, and file descriptors in flight over a socket pair escape the
-    # open-files limit; a sample needs neither (its channel is two pipes it is given)
-    "x86_64": (0xC000003E, 56, 435, (57, 58), (248, 249, 250, 101, 321, 298, 323, 319, 41, 53), 0x40000000),
-    "aarch64": (0xC00000B7, 220, 435, (), (217, 218, 219, 117, 280, 241, 282, 279, 198, 199), None),
-}
-
-
-def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-    return struct.pack("=HBBI", code, jt, jf, k)
-
-
-def seccomp_no_processes() -> bytes | None:
-    """A seccomp program that lets threads be created but no processes (fork, vfork, clone
-    without CLONE_THREAD fail with EAGAIN; clone3, whose flags a filter cannot read, fails with
-    ENOSYS so that the C library falls back to clone), and that denies the syscalls listed in
-    `_ARCHES` with EPERM; None on an unknown architecture."""
-    arch = _ARCHES.get(platform.machine())
-    if arch is None:
-        return None
-    audit_arch, clone, clone3, forks, denied, x32 = arch
-    eagain, enosys, eperm = _ERRNO | 11, _ERRNO | 38, _ERRNO | 1
-    body = [_insn(_LD_W_ABS, 4), _insn(_JEQ, audit_arch, 1, 0), _insn(_RET, _KILL_PROCESS), _insn(_LD_W_ABS, 0)]
-    if x32 is not None:
-        body += [_insn(_JGE, x32, 0, 1), _insn(_RET, _ERRNO | 1)]
-    body += [_insn(_JEQ, clone3, 0, 1), _insn(_RET, enosys)]
-    for nr in forks:
-        body += [_insn(_JEQ, nr, 0, 1), _insn(_RET, eagain)]
-    for nr in denied:
-        body += [_insn(_JEQ, nr, 0, 1), _insn(_RET, eperm)]
-    body += [_insn(_JEQ, clone, 1, 0), _insn(_RET, _ALLOW),
-             _insn(_LD_W_ABS, 16), _insn(_JSET, _CLONE_THREAD, 0, 1), _insn(_RET, _ALLOW), _insn(_RET, eagain)]
-    return b"".join(body)
 
 
 def bwrap_command(bwrap: str, view: PythonView, *, workdir_bytes: int, seccomp_fd: int | None,

@@ -13,16 +13,26 @@ GUARANTEES = {
     "filesystem": "the candidate sees only the interpreter and its standard library, read-only (no tests, "
                   "no site-packages, no repository, no home), and a private size-limited tmpfs",
     "isolation": "fresh user, PID, network, IPC and UTS namespaces: no network, no foreign sockets or "
-                 "processes, an unprivileged uid without capabilities",
-    "no processes": "the candidate cannot create processes (seccomp), so its resource limits hold for the "
-                    "whole sample",
+                 "processes, a private IPC namespace (SysV objects and POSIX queues of its own), an "
+                 "unprivileged uid without capabilities",
+    "one task": "the candidate cannot create processes or threads (seccomp), so its resource limits hold "
+                "for the whole sample and it holds one task's kernel memory",
     "lifetime": "the sandbox dies with the scorer, even on kill -9, and leaves no files behind",
-    "memory": "memory limits hold for the whole sample: no anonymous memory files (memfd_create) and no "
-              "sockets (so no file descriptors in flight past the open-files limit); seccomp",
+    "memory": "memory limits hold for the whole sample: no kernel object that holds memory outside the "
+              "address-space limit can be made (SysV shared memory, semaphores and message queues, POSIX "
+              "message queues, memfd_create, memfd_secret, io_uring, Linux AIO, inotify, fanotify, keyrings, "
+              "bpf, perf events, userfaultfd, POSIX timers, pipes resized past their default); seccomp",
+    "no sockets": "no socket can be made by any route (socket, socketpair, io_uring's socket operation), so "
+                  "no file descriptors in flight past the open-files limit; seccomp",
+    "no reach into processes": "no ptrace, process_vm_readv/writev, process_madvise or pidfd calls, and no "
+                               "new namespaces or mounts; seccomp",
 }
+# The guarantees the seccomp filter (`seccomp.DENIED`) gives.
+SECCOMP_GUARANTEES = ("one task", "memory", "no sockets", "no reach into processes")
 # What the limits do not bound, recorded beside the guarantees in every cell's provenance.
-GAPS = ("the private tmpfs caps bytes but not the number of files (bubblewrap sets no inode limit): a sample "
-        "can hold kernel memory in empty files until its wall-clock timeout",)
+GAPS = ("the private tmpfs caps bytes but not the number of files (bubblewrap 0.11 mounts it with a size but "
+        "no nr_inodes option, and has no option that sets one): a sample can hold kernel memory in empty files "
+        "and directories until its wall-clock timeout",)
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,8 @@ class Layers:
     def missing(self) -> tuple[str, ...]:
         """The guarantees of `GUARANTEES` this machine cannot give."""
         if not self.sandboxed:
-            return ("filesystem", "isolation", "no processes", "lifetime", "memory")
-        return () if self.seccomp else ("no processes", "memory")
+            return ("filesystem", "isolation", *SECCOMP_GUARANTEES, "lifetime")
+        return () if self.seccomp else SECCOMP_GUARANTEES
 
     def names(self) -> list[str]:
         names = ["trusted test process separate from the candidate process, plain data between them",
@@ -68,7 +78,8 @@ class Layers:
                          "private size-limited tmpfs, new user/PID/network/IPC/UTS namespaces, unprivileged uid, "
                          "no capabilities, dies with the scorer")
         if self.seccomp:
-            names.append("seccomp: no process creation, no memory files, no sockets")
+            names.append("seccomp: no processes or threads, no kernel objects outside the memory limit, no sockets, "
+                         "no reach into other processes, no namespaces or mounts")
         if not self.sandboxed and self.guard:
             names.append("in-process guard (a convenience, not a boundary)")
         return names

