@@ -224,12 +224,13 @@ class Benchmark(ABC):
         answer, rule = self.find_answer(self.scored_text(completion), finished)
         if answer is None:
             return Score(None, False, rule, "no_answer")
-        correct = self.matches(answer, item)
+        correct = self.matches(answer, item, rule)
         return Score(answer, correct, rule, "correct" if correct else "wrong")
 
-    def matches(self, answer: str, item: Item) -> bool:
-        """Whether a found answer equals the item's gold answer (numerically by default)."""
-        return answers_match(answer, item.gold)
+    def matches(self, answer: str, item: Item, rule: str = "") -> bool:
+        """Whether a found answer, found by `rule`, equals the item's gold answer (numerically
+        by default, in the forms the rule's reading allows)."""
+        return answers_match(answer, item.gold, rule)
 
     def is_correct(self, item: Item, completion: str) -> bool:
         """Whether the completion scores as correct (see `score`)."""
