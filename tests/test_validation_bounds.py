@@ -268,3 +268,30 @@ def test_the_shipped_data_passes_every_check():
                        ("gsm8k", {"source": {"path": str(SHARED_DATA / "gsm8k" / "test.jsonl")}})]:
         bench = build_benchmark("b", {"kind": kind, **spec})
         assert len(bench.items()) in (257, 500, 164, 1319)
+
+
+def test_the_longest_prompt_and_its_generation_must_fit_the_prepared_models_context(prepared_models):
+    """Before any generation job, check-prompts measures the longest prompt with the model's
+    tokenizer: with max_new_tokens it must fit the context the prepared config names."""
+    from tokenflip.models import load_tokenizer
+    from tokenflip.runtime import PromptFormatError, check_prompts
+
+    model_dir = prepared_models("llama")
+    assert bounds.context_length(model_dir) == 1024
+    bench = build_benchmark("arith", {"kind": "arithmetic", "n": 3})
+    tokenizer = load_tokenizer(model_dir)
+    longest = check_prompts(tokenizer, bench)["max_tokens"]
+    assert check_prompts(tokenizer, bench, 1024 - longest, 1024)["max_tokens"] == longest
+    with pytest.raises(PromptFormatError, match=rf"benchmark 'arith': the longest prompt \({longest} tokens\) and "
+                                                rf"max_new_tokens {1025 - longest} need 1025 positions, more than "
+                                                rf"the model's context of 1024"):
+        check_prompts(tokenizer, bench, 1025 - longest, 1024)
+
+
+def test_the_check_is_given_the_longest_generation_of_each_model_and_benchmark():
+    study = tiny_study()
+    study["probes"]["kv_cache"]["max_new_tokens"] = 9
+    study["probes"]["kv_cache"]["benchmarks"] = ["arith_a"]
+    config = cfg.validate(study, check_data=False)
+    assert bounds.longest_generation(config, "tiny", "arith_a") == 9
+    assert bounds.longest_generation(config, "tiny", "arith_b") == 6

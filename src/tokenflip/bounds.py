@@ -5,10 +5,13 @@ message names the key, the value and the bound."""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["unencodable_strings", "unencodable", "model_problems", "machine_memory_bytes", "random_model_config"]
+__all__ = ["unencodable_strings", "unencodable", "model_problems", "machine_memory_bytes", "random_model_config",
+           "longest_generation", "context_length", "context_problem"]
 
 _FP32_BYTES = 4
 
@@ -76,18 +79,45 @@ def _geometry_problems(where: str, fields: dict[str, Any]) -> Iterator[str]:
                f"{fields.get('num_experts')}")
 
 
-def _generations(config: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
-    """(model, key, max_new_tokens) of every generation the config runs: each benchmark's
-    cells and each probe's replays."""
+def _generations(config: dict[str, Any]) -> Iterator[tuple[str, str, str, int]]:
+    """(model, benchmark, key, max_new_tokens) of every generation the config runs: each
+    benchmark's cells and each probe's replays."""
     from .plan import expand_cells, probe_targets
 
     for model, bench in sorted({(c.model, c.benchmark) for c in expand_cells(config)}):
         spec = config["benchmarks"][bench]
         key = f"benchmarks.{bench}.max_new_tokens" if "max_new_tokens" in spec else "generation.max_new_tokens"
-        yield model, key, spec.get("max_new_tokens", config["generation"]["max_new_tokens"])
+        yield model, bench, key, spec.get("max_new_tokens", config["generation"]["max_new_tokens"])
     for probe, model, bench in probe_targets(config):
         if config["probes"][probe].get("max_new_tokens"):
-            yield model, f"probes.{probe}.max_new_tokens", config["probes"][probe]["max_new_tokens"]
+            yield model, bench, f"probes.{probe}.max_new_tokens", config["probes"][probe]["max_new_tokens"]
+
+
+def longest_generation(config: dict[str, Any], model: str, benchmark: str) -> int:
+    """The most new tokens any cell or probe generates for this model and benchmark."""
+    spec = config["benchmarks"][benchmark]
+    return max((tokens for m, b, _, tokens in _generations(config) if (m, b) == (model, benchmark)),
+               default=spec.get("max_new_tokens", config["generation"]["max_new_tokens"]))
+
+
+def context_length(model_dir: str | Path) -> int | None:
+    """A prepared model's context (max_position_embeddings of its config.json, or of its
+    text config), None where it names none."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    fields = json.loads(path.read_text())
+    value = fields.get("max_position_embeddings") or (fields.get("text_config") or {}).get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def context_problem(where: str, longest_prompt: int, max_new_tokens: int, context: int | None) -> str | None:
+    """Why the longest prompt and the generation after it do not fit in the model's context."""
+    if context is None or longest_prompt + max_new_tokens <= context:
+        return None
+    return (f"{where}: the longest prompt ({longest_prompt} tokens) and max_new_tokens {max_new_tokens} need "
+            f"{longest_prompt + max_new_tokens} positions, more than the model's context of {context} "
+            f"(max_position_embeddings; a static cache and llama.cpp's n_ctx are sized prompt + max_new_tokens)")
 
 
 def model_problems(config: dict[str, Any]) -> Iterator[str]:
@@ -113,7 +143,7 @@ def model_problems(config: dict[str, Any]) -> Iterator[str]:
                    f"{size / 2**30:.1f} GiB of fp32 weights (embeddings not counted), more than this machine's "
                    f"{memory / 2**30:.1f} GiB of memory")
         context[name] = fields.get("max_position_embeddings")
-    for model, key, tokens in sorted(set(_generations(config))):
+    for model, key, tokens in sorted({(m, key, tokens) for m, _, key, tokens in _generations(config)}):
         if context.get(model) is not None and tokens >= context[model]:
             yield (f"{key}: {tokens} new tokens and a prompt do not fit in model {model!r}'s context of "
                    f"{context[model]} positions (max_position_embeddings; a static cache and llama.cpp's n_ctx "

@@ -39,10 +39,13 @@ def encode_prompt(tokenizer, bench, item) -> list[int]:
                                 f"({type(exc).__name__}: {exc}){hint}") from None
 
 
-def check_prompts(tokenizer, bench) -> dict:
+def check_prompts(tokenizer, bench, max_new_tokens: int | None = None, context: int | None = None) -> dict:
     """Encode every item's prompt once (no model needed): what `check-prompts` runs per
     model and benchmark before any generation job, so that a prompt format the tokenizer
-    cannot take fails in seconds, not on a GPU."""
+    cannot take, or a prompt and generation the model's `context` cannot hold, fails in
+    seconds, not on a GPU."""
+    from .bounds import context_problem
+
     import hashlib
 
     lengths, digest = [], hashlib.sha256()
@@ -50,6 +53,9 @@ def check_prompts(tokenizer, bench) -> dict:
         ids = encode_prompt(tokenizer, bench, item)
         lengths.append(len(ids))
         digest.update(item.id.encode() + b"\0" + ",".join(map(str, ids)).encode() + b"\n")
+    problem = context_problem(f"benchmark {bench.name!r}", max(lengths), max_new_tokens or 0, context)
+    if problem:
+        raise PromptFormatError(problem)
     return {"benchmark": bench.name, "prompt_style": dict(bench.prompt_style), "prompts": len(lengths),
             "min_tokens": min(lengths), "max_tokens": max(lengths), "prompt_ids_sha256": digest.hexdigest()}
 
