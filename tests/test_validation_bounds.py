@@ -89,6 +89,12 @@ def test_strings_are_encodable(where):
     _refused(study, f"{key}{' ' if key.endswith('key') else ': '}'Q\\ud800:' holds '\\ud800' at position 1")
 
 
+def test_a_nul_character_reaches_no_file_name():
+    study = tiny_study()
+    study["benchmarks"]["g"] = {"kind": "gsm8k", "source": {"path": "data\0.jsonl"}}
+    _refused(study, "benchmarks.g.source.path: 'data\\x00.jsonl' holds a NUL character at position 4")
+
+
 def test_a_yaml_file_with_a_lone_surrogate_is_refused(tmp_path):
     study = tiny_study()
     path = tmp_path / "c.yaml"
@@ -199,15 +205,26 @@ def test_mbpp_tests_that_cannot_decide_are_refused_naming_file_and_record(tmp_pa
     assert f"record {index} (task_id 11) of {path}" in str(info.value) and message in str(info.value)
 
 
+def test_mbpp_setup_code_that_does_not_parse_is_refused(tmp_path):
+    path, index = _mbpp_file(tmp_path, test_setup_code="def (")
+    with pytest.raises(BenchmarkError, match=rf"record {index} \(task_id 11\) of {path}: its test setup 'def \(' "
+                                             rf"do not parse"):
+        build_benchmark("m", {"kind": "mbpp", "source": {"path": str(path)}, "shots": 0}).items()
+
+
 @pytest.mark.parametrize(("test", "message"), [
     ("def check(candidate):\n    pass\n", "holds no assert that reads the solution"),
     ("def check(candidate):\n    assert candidate(1) ==\n", "does not parse"),
     ("def helper(candidate):\n    assert candidate(1) == 2\n", r"defines no check\(candidate\)"),
+    (None, r"calls check\('below zero'\), which is no Python name"),
 ])
 def test_humaneval_tests_that_cannot_decide_are_refused(tmp_path, test, message):
     lines = gzip.decompress((SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz").read_bytes()).decode().splitlines()
     record = json.loads(lines[3])
-    record["test"] = test
+    if test is None:
+        record["entry_point"] = "below zero"
+    else:
+        record["test"] = test
     path = tmp_path / "he.jsonl"
     path.write_text("\n".join([lines[0], json.dumps(record)]) + "\n")
     with pytest.raises(BenchmarkError, match=rf"record 1 \(HumanEval/3\) of {path}: its test {message}"):

@@ -17,7 +17,11 @@ _FP32_BYTES = 4
 
 
 def unencodable(text: str) -> str | None:
-    """Why `text` cannot be written as UTF-8 (a lone surrogate such as "\\ud800"), or None."""
+    """Why `text` cannot be written as UTF-8 (a lone surrogate such as "\\ud800") or passed
+    as a file name or C string (a NUL character), or None."""
+    if "\0" in text:
+        return (f"{text[:40]!r} holds a NUL character at position {text.index(chr(0))}, which no file name or "
+                f"C string can hold")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

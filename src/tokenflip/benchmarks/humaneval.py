@@ -87,7 +87,8 @@ class HumanEvalBenchmark(CodeBenchmark):
                     task = {k: record[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}
                 except (KeyError, TypeError) as e:
                     raise BenchmarkError(f"{self._label()}: record {index} of {self.source.label()} lacks {e}") from e
-                why = undecided_tests(str(task["test"]))
+                why = undecided_tests(str(task["test"])) if str(task["entry_point"]).isidentifier() else \
+                    f"calls check({task['entry_point']!r}), which is no Python name"
                 if why is None and "check" not in top_level_names(task["test"]):
                     why = "defines no check(candidate), which every sample's test calls"
                 if why:
