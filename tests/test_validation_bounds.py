@@ -89,6 +89,22 @@ def test_strings_are_encodable(where):
     _refused(study, f"{key}{' ' if key.endswith('key') else ': '}'Q\\ud800:' holds '\\ud800' at position 1")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_numbers_are_finite(value):
+    """NaN compares false with every bound, so `temperature: .nan` would pass `minimum`."""
+    study = tiny_study()
+    study["decoding"] = {"hot": {"strategy": "sample", "temperature": value}}
+    _refused(study, f"decoding.hot.temperature: {value!r} is not a finite number")
+
+
+def test_a_temperature_that_overflows_fp32_logits_is_refused():
+    study = tiny_study()
+    study["decoding"] = {"greedy": {"strategy": "greedy"}, "cold": {"strategy": "sample", "temperature": 1e-300}}
+    _refused(study, "decoding.cold.temperature: 1e-300 is below the minimum 1e-06")
+    study["decoding"]["cold"]["temperature"] = 1e-6
+    cfg.validate(study, check_data=False)
+
+
 def test_a_nul_character_reaches_no_file_name():
     study = tiny_study()
     study["benchmarks"]["g"] = {"kind": "gsm8k", "source": {"path": "data\0.jsonl"}}

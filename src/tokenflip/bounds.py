@@ -1,7 +1,6 @@
-"""Bounds a config's values must keep for its jobs to run: every string encodable (it
-reaches a tokenizer, a file name or a Parquet file), a random model's sizes consistent and
-within this machine's memory, and every generation within its model's context. Each
-message names the key, the value and the bound."""
+"""Bounds a config's values must keep for its jobs to run, from the model and the machine:
+a random model's sizes consistent and within this machine's memory, and every generation
+within its model's context. Each message names the key, the value and the bound."""
 
 from __future__ import annotations
 
@@ -10,41 +9,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["unencodable_strings", "unencodable", "model_problems", "machine_memory_bytes", "random_model_config",
-           "longest_generation", "context_length", "context_problem"]
+__all__ = ["model_problems", "machine_memory_bytes", "random_model_config", "longest_generation", "context_length"]
 
 _FP32_BYTES = 4
-
-
-def unencodable(text: str) -> str | None:
-    """Why `text` cannot be written as UTF-8 (a lone surrogate such as "\\ud800") or passed
-    as a file name or C string (a NUL character), or None."""
-    if "\0" in text:
-        return (f"{text[:40]!r} holds a NUL character at position {text.index(chr(0))}, which no file name or "
-                f"C string can hold")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (f"{text[:40]!r} holds {text[exc.start]!r} at position {exc.start}, which UTF-8 cannot encode "
-                f"(a lone surrogate); no tokenizer or file can take it")
-    return None
-
-
-def unencodable_strings(value: Any, where: str = "") -> Iterator[str]:
-    """`key.path: why` for every key or string value, at any depth, that UTF-8 cannot encode."""
-    if isinstance(value, str):
-        why = unencodable(value)
-        if why:
-            yield f"{where or '(top level)'}: {why}"
-    elif isinstance(value, dict):
-        for key, sub in value.items():
-            path = f"{where}.{key}" if where else str(key)
-            if isinstance(key, str) and unencodable(key):
-                yield f"{where or '(top level)'}: key {unencodable(key)}"
-            yield from unencodable_strings(sub, path)
-    elif isinstance(value, list):
-        for index, sub in enumerate(value):
-            yield from unencodable_strings(sub, f"{where}.{index}" if where else str(index))
 
 
 def machine_memory_bytes() -> int:
@@ -115,20 +82,11 @@ def context_length(model_dir: str | Path) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def context_problem(where: str, longest_prompt: int, max_new_tokens: int, context: int | None) -> str | None:
-    """Why the longest prompt and the generation after it do not fit in the model's context."""
-    if context is None or longest_prompt + max_new_tokens <= context:
-        return None
-    return (f"{where}: the longest prompt ({longest_prompt} tokens) and max_new_tokens {max_new_tokens} need "
-            f"{longest_prompt + max_new_tokens} positions, more than the model's context of {context} "
-            f"(max_position_embeddings; a static cache and llama.cpp's n_ctx are sized prompt + max_new_tokens)")
-
-
 def model_problems(config: dict[str, Any]) -> Iterator[str]:
     """A random model's sizes: consistent, within this machine's memory in fp32 (the
     precision it is built in), and a context (max_position_embeddings) that holds every
     generation asked of it with a prompt of at least one token. Other sources' context is
-    checked against the longest prompt before any generation job (`runtime.check_prompts`)."""
+    checked against the longest prompt before any generation job (`runtime.context_problem`)."""
     random_models = {name: spec for name, spec in config["models"].items() if spec["source"] == "random"}
     if not random_models:
         return

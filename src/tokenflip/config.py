@@ -15,6 +15,7 @@ import yaml
 from . import bounds, engines
 from .jobs import AXIS_DEFAULTS, CACHE_FORM_AXES, COMPARABLE_AXES
 from .registry import kinds_schema
+from .literals import literal_problems
 
 # Shipped inside the package, so that any installation (not only a checkout) validates.
 SCHEMA_RESOURCE = ("tokenflip", "schemas/config.schema.yaml")
@@ -176,9 +177,9 @@ def validate(config: dict[str, Any], source: str = "config", check_data: bool = 
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
     full_schema = schema()
     config = _normalise(config)
-    unencodable = list(bounds.unencodable_strings(config))
-    if unencodable:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(f"{source}: {p}" for p in unencodable))
+    literals = list(literal_problems(config))
+    if literals:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(f"{source}: {p}" for p in literals))
     validator = Validator(full_schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:

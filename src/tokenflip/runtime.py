@@ -44,7 +44,6 @@ def check_prompts(tokenizer, bench, max_new_tokens: int | None = None, context: 
     model and benchmark before any generation job, so that a prompt format the tokenizer
     cannot take, or a prompt and generation the model's `context` cannot hold, fails in
     seconds, not on a GPU."""
-    from .bounds import context_problem
 
     import hashlib
 
@@ -58,6 +57,15 @@ def check_prompts(tokenizer, bench, max_new_tokens: int | None = None, context: 
         raise PromptFormatError(problem)
     return {"benchmark": bench.name, "prompt_style": dict(bench.prompt_style), "prompts": len(lengths),
             "min_tokens": min(lengths), "max_tokens": max(lengths), "prompt_ids_sha256": digest.hexdigest()}
+
+
+def context_problem(where: str, longest_prompt: int, max_new_tokens: int, context: int | None) -> str | None:
+    """Why the longest prompt and the generation after it do not fit in the model's context."""
+    if context is None or longest_prompt + max_new_tokens <= context:
+        return None
+    return (f"{where}: the longest prompt ({longest_prompt} tokens) and max_new_tokens {max_new_tokens} need "
+            f"{longest_prompt + max_new_tokens} positions, more than the model's context of {context} "
+            f"(max_position_embeddings; a static cache and llama.cpp's n_ctx are sized prompt + max_new_tokens)")
 
 
 def eos_ids(model, tokenizer) -> list[int]:

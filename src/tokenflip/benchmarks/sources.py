@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bounds import unencodable_strings
+from ..literals import literal_problems
 from .errors import BenchmarkError
 
 __all__ = ["Source", "parse_source", "check_local", "load_records", "HUB_KEYS", "PATH_KEYS", "PACKAGE_KEYS"]
@@ -194,7 +194,7 @@ def _mappings(where: str, label: str, records: list) -> list[dict]:
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise BenchmarkError(f"{where}: record {index} of {label} is not an object: {str(record)[:80]!r}")
-        for problem in unencodable_strings(record):
+        for problem in literal_problems(record):
             raise BenchmarkError(f"{where}: record {index} of {label}: {problem}")
     return records
 
