@@ -73,6 +73,7 @@ def test_what_a_grader_would_not_accept_stays_wrong(completion, gold, extracted,
     ("#### none\nso it is 5", None, "####"),                        # "none" holds no "one"
     ("Each of the 2 boxes has 100 balls, so 200 balls.", "200", "last number"),
     ("#### 2 1/2", "2.5", "####"),                                  # a mixed number, not spaced digits
+    ("He buys 3 500-ml bottles.", "500", "last number"),            # a count, then a size
     ("It is 5 degrees above zero.", "5", "last number"),
     ("#### 3:30", None, "####"),                                    # a time of day stays no number
     ("It took one day, so the total is 12 apples.", "12", "last number"),  # no words beside digits

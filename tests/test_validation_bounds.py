@@ -276,13 +276,20 @@ def test_a_record_with_a_lone_surrogate_is_refused_naming_file_and_record(tmp_pa
         build_benchmark("g", {"kind": "gsm8k", "source": {"path": str(path)}}).items()
 
 
-@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl"])
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl", ".parquet"])
 def test_reading_a_data_file_is_capped(tmp_path, suffix):
-    """A 70 KiB gzip that inflates past the cap is refused after reading the cap, not all of it
-    (reading it whole would hold 700 MiB): the error names the file and the limit."""
+    """A small gzip (or Parquet) file that inflates past the cap is refused after reading at
+    most the cap, never all of it: the error names the file and the limit."""
     path = tmp_path / f"bomb{suffix}"
     size = sources.MAX_DATA_BYTES + 1024
-    if suffix.endswith(".gz"):
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        column = pa.array([f"{i:06d}" + " " * 2**20 for i in range(size // 2**20 + 1)])
+        pq.write_table(pa.table({"question": column}), path, compression="zstd", use_dictionary=False)
+        assert path.stat().st_size < 2**20
+    elif suffix.endswith(".gz"):
         with gzip.open(path, "wb", compresslevel=9) as fh:
             for _ in range(size // 2**20 + 1):
                 fh.write(b" " * 2**20)

@@ -30,7 +30,7 @@ MIXED_UNITS = (
 )
 READINGS = ("spaced digits", "scale word", "number words", "below zero", *(m[0] for m in MIXED_UNITS), "percent")
 
-_SPACED = re.compile(r"(?<![\d.,])\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?!\d|[.,]\d|\s*/)")
+_SPACED = re.compile(r"(?<![\d.,])\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?!\d|[.,]\d|\s*/|-)")
 _SCALES = {"k": 1000, "thousand": 1000, "million": 10**6, "billion": 10**9}
 _SCALED = re.compile(rf"(?<![\w.])\$?({_N})(?:([kK])\b|\s+(thousand|million|billion)\b)", re.I)
 _BELOW_ZERO = re.compile(rf"(?<![\w.\-\u2212])({_N})\s*(?:°\s*[CF]?|degrees?(?:\s+(?:Celsius|Fahrenheit))?)?"
