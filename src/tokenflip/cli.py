@@ -60,11 +60,13 @@ def cmd_generate(args) -> None:
 def cmd_check_prompts(args) -> None:
     """Encode every prompt of a benchmark with a prepared model's tokenizer (no weights)."""
     from .benchmarks import build_benchmark
+    from .bounds import context_length
     from .models import load_tokenizer
     from .runtime import check_prompts
     from .storage import write_json
 
-    result = check_prompts(load_tokenizer(args.model_dir), build_benchmark(args.benchmark, args.spec))
+    result = check_prompts(load_tokenizer(args.model_dir), build_benchmark(args.benchmark, args.spec),
+                           args.max_new_tokens, context_length(args.model_dir))
     write_json(args.out, {**result, "model_dir": str(args.model_dir)})
     print(f"{args.benchmark}: {result['prompts']} prompts, {result['min_tokens']}-{result['max_tokens']} tokens, "
           f"{result['prompt_style']}")
@@ -277,6 +279,8 @@ def _job_commands(sub) -> None:
     p.add_argument("--spec", type=_json_arg, required=True, help="the config's benchmark entry as JSON")
     p.add_argument("--model-dir", required=True, help="prepared model directory")
     p.add_argument("--out", required=True, help="JSON record to write")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="the most tokens any cell or probe generates after a prompt (checked against the context)")
     p.set_defaults(func=cmd_check_prompts)
 
     p = sub.add_parser("generate", help="run one cell from its job spec (what the pipeline calls)")

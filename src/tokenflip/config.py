@@ -12,9 +12,10 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
-from . import engines
+from . import bounds, engines
 from .jobs import AXIS_DEFAULTS, COMPARABLE_AXES
 from .registry import kinds_schema
+from .literals import literal_problems
 
 # Shipped inside the package, so that any installation (not only a checkout) validates.
 SCHEMA_RESOURCE = ("tokenflip", "schemas/config.schema.yaml")
@@ -23,6 +24,15 @@ DEFAULT_CONFIG = "config/config.yaml"
 
 class ConfigError(ValueError):
     pass
+
+
+# JSON Schema counts 6.0 as an integer; a job does not (range(6.0) fails), so neither do we.
+_STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_STRICT_TYPES)
+# Every seed is handed to torch.manual_seed and stored as a 64-bit signed integer (numpy's
+# seed takes it modulo 2**32: runtime.seed_everything).
+SEED_MAXIMUM = 2**63 - 1
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -101,8 +111,30 @@ def schema() -> dict[str, Any]:
                "properties": {**COMMON_OPTIONS, **probe.options}}
         for name, probe in PROBES.items()}
     props["comparisons"]["items"]["properties"]["axis"] = {"enum": list(COMPARABLE_AXES)}
-    props["grids"]["items"]["properties"]["engine"]["items"] = {"enum": list(engines.ENGINES)}
+    grid_axes = props["grids"]["items"]["properties"]
+    grid_axes["engine"]["items"] = {"enum": list(engines.ENGINES)}
+    # A comparison's sides take exactly what a grid takes for the axis (1 and "1" are not two
+    # threads values: an integer axis refuses the string), so every value has one form.
+    props["comparisons"]["items"]["allOf"] = [
+        {"if": {"properties": {"axis": {"const": axis}}},
+         "then": {"properties": {"a": grid_axes[axis]["items"], "b": grid_axes[axis]["items"]}}}
+        for axis in COMPARABLE_AXES if axis in grid_axes]
+    _bound_seeds(full)
     return full
+
+
+def _bound_seeds(node: Any) -> None:
+    """Give every integer `seed` key of the schema (run, model, benchmark kinds, wherever a
+    registry declares one) the bound torch takes."""
+    if isinstance(node, dict):
+        seed = node.get("properties", {}).get("seed") if isinstance(node.get("properties"), dict) else None
+        if isinstance(seed, dict) and seed.get("type") == "integer":
+            seed["maximum"] = min(seed.get("maximum", SEED_MAXIMUM), SEED_MAXIMUM)
+        for value in node.values():
+            _bound_seeds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _bound_seeds(value)
 
 
 def apply_defaults(instance: Any, schema: dict[str, Any]) -> None:
@@ -123,7 +155,7 @@ def apply_defaults(instance: Any, schema: dict[str, Any]) -> None:
                 if key not in schema.get("properties", {}):
                     apply_defaults(value, extra)
         for branch in schema.get("allOf", []):
-            if "if" in branch and jsonschema.Draft202012Validator(branch["if"]).is_valid(instance):
+            if "if" in branch and Validator(branch["if"]).is_valid(instance):
                 apply_defaults(instance, branch.get("then", {}))
             elif "if" not in branch:
                 apply_defaults(instance, branch)
@@ -145,7 +177,10 @@ def validate(config: dict[str, Any], source: str = "config", check_data: bool = 
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
     full_schema = schema()
     config = _normalise(config)
-    validator = jsonschema.Draft202012Validator(full_schema)
+    literals = list(literal_problems(config))
+    if literals:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(f"{source}: {p}" for p in literals))
+    validator = Validator(full_schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = [f"{source}: {_where(e)}: {_describe(e)}" for e in _leaf_errors(errors)]
@@ -215,6 +250,11 @@ def _describe(error: jsonschema.ValidationError) -> str:
                 f"{error.validator_value} that keep every file name of the run within the file system's limit")
     if error.validator == "minimum":
         return f"{error.instance!r} is below the minimum {error.validator_value}"
+    if error.validator == "maximum":
+        why = " (seeds go to torch.manual_seed as 64-bit integers)" if error.validator_value == SEED_MAXIMUM else ""
+        return f"{error.instance!r} is above the maximum {error.validator_value}{why}"
+    if error.validator == "type" and error.validator_value == "integer" and isinstance(error.instance, float):
+        return f"{error.instance!r} is not an integer (write it without a decimal point or exponent)"
     if error.validator == "additionalProperties":
         return error.message.replace("Additional properties are not allowed", "unknown key(s)")
     return error.message
@@ -237,7 +277,7 @@ def _undefined_names(config: dict[str, Any]):
 def _semantic_problems(config: dict[str, Any]):
     """Cross-references the schema cannot express."""
     from .interventions import spec_problems
-    from .plan import expand_cells, pairs_of_comparison
+    from .plan import axis_value, expand_cells, pairs_of_comparison
 
     undefined = list(_undefined_names(config))
     yield from undefined
@@ -246,16 +286,13 @@ def _semantic_problems(config: dict[str, Any]):
     values: dict[str, set] = {axis: set() for axis in COMPARABLE_AXES}
     for grid in config["grids"]:
         for axis in COMPARABLE_AXES:
-            values[axis].update(v if axis == "batch_size" else str(v)
-                                for v in grid.get(axis, [AXIS_DEFAULTS.get(axis)]))
+            values[axis].update(axis_value(axis, v) for v in grid.get(axis, [AXIS_DEFAULTS.get(axis)]))
     for i, comp in enumerate(config["comparisons"]):
         axis = comp["axis"]
-        if comp["a"] == comp["b"]:
+        if axis_value(axis, comp["a"]) == axis_value(axis, comp["b"]):
             yield f"comparisons.{i}: a and b are both {comp['a']!r}; a comparison needs two values"
         for side in ("a", "b"):
-            v = comp[side]
-            v = int(v) if axis == "batch_size" and str(v).isdigit() else v if axis == "batch_size" else str(v)
-            if v not in values[axis]:
+            if axis_value(axis, comp[side]) not in values[axis]:
                 yield (f"comparisons.{i}.{side}: {comp[side]!r} is not a value of axis '{axis}' "
                        f"in any grid (values: {sorted(map(str, values[axis]))})")
     for i, comp in enumerate(config["comparisons"]):
@@ -272,14 +309,30 @@ def _semantic_problems(config: dict[str, Any]):
                            f"(defined: {sorted(config[key])})")
     if not undefined:
         yield from engines.config_problems(config, AXIS_DEFAULTS)
+        yield from _probe_form_problems(config)
         yield from engines.probe_problems(config)
+        yield from bounds.model_problems(config)
     if not undefined:
         cells = expand_cells(config)
         for i, comp in enumerate(config["comparisons"]):
-            if comp["a"] != comp["b"] and not pairs_of_comparison(comp, cells):
+            if axis_value(comp["axis"], comp["a"]) != axis_value(comp["axis"], comp["b"]) \
+                    and not pairs_of_comparison(comp, cells):
                 yield (f"comparisons.{i}: {comp['axis']} {comp['a']!r} vs {comp['b']!r} forms no pair: no two "
                        f"cells differ only in {comp['axis']!r} (put both values in one grid, with the same "
                        f"other axis values)")
+
+
+def _probe_form_problems(config: dict[str, Any]):
+    """A probe's cache forms (`forms: [kv_dtype=int8]`) run the same cache classes as a
+    grid's, and are refused for the same reasons."""
+    from .caches import kv_dtype_unavailable
+
+    for probe, spec in config.get("probes", {}).items():
+        for form in spec.get("forms", []):
+            axis, _, value = str(form).partition("=")
+            reason = kv_dtype_unavailable(value) if axis == "kv_dtype" else None
+            if reason:
+                yield f"probes.{probe}.forms: {form!r}: {reason}"
 
 
 def load(path: str | Path, check_data: bool = True) -> dict[str, Any]:

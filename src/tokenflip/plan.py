@@ -15,16 +15,19 @@ from typing import Any, Iterable
 
 from .jobs import AXIS_DEFAULTS, EXTRA_AXES, Cell, CellJob, Pair, ProbeJob
 
-__all__ = ["expand_cells", "expand_pairs", "pairs_of_comparison", "cell_job", "probe_targets", "probe_job",
+__all__ = ["axis_value", "expand_cells", "expand_pairs", "pairs_of_comparison", "cell_job", "probe_targets", "probe_job",
            "Cell", "Pair"]
 
 
+def axis_value(axis: str, value: Any) -> Any:
+    """The one form of an axis value in cells, pairs and checks: the batch size an integer,
+    every other value its text (threads 2 -> "2", the name its file names use). The schema
+    gives a comparison's sides the grid's types, so 1 and "1" never meet here."""
+    return int(value) if axis == "batch_size" else str(value)
+
+
 def _grid_values(grid: dict[str, Any], axis: str) -> list[Any]:
-    if axis == "batch_size":
-        return [int(v) for v in grid[axis]]
-    if axis in ("precision", "cache"):
-        return list(grid[axis])
-    return [str(v) for v in grid.get(axis, [AXIS_DEFAULTS[axis]])]
+    return [axis_value(axis, v) for v in grid.get(axis, [AXIS_DEFAULTS.get(axis)])]
 
 
 def expand_cells(config: dict[str, Any]) -> list[Cell]:
@@ -40,15 +43,11 @@ def expand_cells(config: dict[str, Any]) -> list[Cell]:
     return sorted(cells)
 
 
-def _side(axis: str, value: Any) -> Any:
-    return int(value) if axis == "batch_size" else str(value)
-
-
 def pairs_of_comparison(comparison: dict[str, Any], cells: Iterable[Cell]) -> list[Pair]:
     """Every pair of existing cells that differ only in the comparison's axis, a then b (of
     the comparison's `models` and `benchmarks` only, where it names them)."""
     axis = comparison["axis"]
-    a_val, b_val = _side(axis, comparison["a"]), _side(axis, comparison["b"])
+    a_val, b_val = axis_value(axis, comparison["a"]), axis_value(axis, comparison["b"])
     cell_set = set(cells)
     pairs = []
     for cell in sorted(cell_set):

@@ -39,10 +39,12 @@ def encode_prompt(tokenizer, bench, item) -> list[int]:
                                 f"({type(exc).__name__}: {exc}){hint}") from None
 
 
-def check_prompts(tokenizer, bench) -> dict:
+def check_prompts(tokenizer, bench, max_new_tokens: int | None = None, context: int | None = None) -> dict:
     """Encode every item's prompt once (no model needed): what `check-prompts` runs per
     model and benchmark before any generation job, so that a prompt format the tokenizer
-    cannot take fails in seconds, not on a GPU."""
+    cannot take, or a prompt and generation the model's `context` cannot hold, fails in
+    seconds, not on a GPU."""
+
     import hashlib
 
     lengths, digest = [], hashlib.sha256()
@@ -50,8 +52,20 @@ def check_prompts(tokenizer, bench) -> dict:
         ids = encode_prompt(tokenizer, bench, item)
         lengths.append(len(ids))
         digest.update(item.id.encode() + b"\0" + ",".join(map(str, ids)).encode() + b"\n")
+    problem = context_problem(f"benchmark {bench.name!r}", max(lengths), max_new_tokens or 0, context)
+    if problem:
+        raise PromptFormatError(problem)
     return {"benchmark": bench.name, "prompt_style": dict(bench.prompt_style), "prompts": len(lengths),
             "min_tokens": min(lengths), "max_tokens": max(lengths), "prompt_ids_sha256": digest.hexdigest()}
+
+
+def context_problem(where: str, longest_prompt: int, max_new_tokens: int, context: int | None) -> str | None:
+    """Why the longest prompt and the generation after it do not fit in the model's context."""
+    if context is None or longest_prompt + max_new_tokens <= context:
+        return None
+    return (f"{where}: the longest prompt ({longest_prompt} tokens) and max_new_tokens {max_new_tokens} need "
+            f"{longest_prompt + max_new_tokens} positions, more than the model's context of {context} "
+            f"(max_position_embeddings; a static cache and llama.cpp's n_ctx are sized prompt + max_new_tokens)")
 
 
 def eos_ids(model, tokenizer) -> list[int]:

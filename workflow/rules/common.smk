@@ -5,6 +5,7 @@
 import json
 
 from tokenflip.benchmarks import build_benchmark
+from tokenflip.bounds import longest_generation
 from tokenflip.engines import engine as engine_of
 from tokenflip.jobs import COMPARABLE_AXES, Cell, Pair
 from tokenflip.layout import RunLayout

@@ -25,10 +25,11 @@ rule check_prompts:
         LAYOUT.prompt_check_pattern,
     params:
         spec=benchmark_spec_json,
+        max_new_tokens=lambda w: longest_generation(config, w.model, w.benchmark),
     log:
         LAYOUT.log("check_prompts", "{model}/{benchmark}"),
     conda:
         "../../envs/tokenflip.yaml"
     shell:
         "tokenflip check-prompts --benchmark {wildcards.benchmark:q} --spec {params.spec:q} "
-        "--model-dir {input.model:q} --out {output:q} > {log:q} 2>&1"
+        "--model-dir {input.model:q} --max-new-tokens {params.max_new_tokens} --out {output:q} > {log:q} 2>&1"

@@ -16,10 +16,14 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from . import quantities
+
 __all__ = ["extract_answer", "find_answer", "normalize_answer", "answers_match", "NUMERIC_RULES"]
 
-# Which rule found the answer, in the order they are tried.
-NUMERIC_RULES = ("####", "answer is", "last number", "none")
+# Which rule found the answer, in the order they are tried; where the number was written in
+# another form (`quantities`), its reading follows: "####, percent".
+_PLACES = ("####", "answer is", "last number")
+NUMERIC_RULES = (*_PLACES, *(f"{place}, {reading}" for place in _PLACES for reading in quantities.READINGS), "none")
 
 _MINUS = "-\u2212"  # hyphen-minus and the Unicode minus sign
 # A number: optional sign and `$`, digits with or without thousands commas, decimals; not
@@ -142,19 +146,31 @@ def find_answer(completion: str, finished: bool = True) -> tuple[str | None, str
       token limit, which gave no answer yet), its last sentence's result;
     - else (None, "none")."""
     if "####" in completion:
-        return _hash_answer(_final_line(completion.split("####", 1)[1])), "####"
+        found, rule = _read(_final_line(completion.split("####", 1)[1]), _hash_answer, "####")
+        return found, rule if found is not None else "####"
     said = _ANSWER_IS.search(completion)
     if said:
         rest = completion[said.end():]
         end = _SENTENCE_END.search(rest)
-        found = _stated(rest[:end.start()] if end else rest)
+        found, rule = _read(rest[:end.start()] if end else rest, _stated, "answer is")
         if found is not None:
-            return found, "answer is"
+            return found, rule
     if finished:
-        found = _last_stated(completion)
+        found, rule = _read(completion, _last_stated, "last number", words=False)
         if found is not None:
-            return found, "last number"
+            return found, rule
     return None, "none"
+
+
+def _read(text: str, rule, place: str, words: bool = True) -> tuple[str | None, str]:
+    """`rule` applied to `text` with its numbers in other forms as digits (`quantities`), and
+    the rule's name: the place, with the reading that made the answer if one did."""
+    plain, readings = quantities.rewrite(text, words)
+    found = rule(plain)
+    reading = readings.get(found) if found is not None else None
+    if found is not None and reading is None and found in quantities.percent_values(plain, normalize_answer):
+        reading = "percent"
+    return found, f"{place}, {reading}" if reading else place
 
 
 def extract_answer(completion: str, finished: bool = True) -> str | None:
@@ -162,10 +178,13 @@ def extract_answer(completion: str, finished: bool = True) -> str | None:
     return find_answer(completion, finished)[0]
 
 
-def answers_match(predicted: str | None, gold: str | None) -> bool:
+def answers_match(predicted: str | None, gold: str | None, rule: str = "") -> bool:
     """Whether two answers are numerically equal (within 1e-6, in exact decimal arithmetic,
-    so large integers that differ in one digit never match); None never matches."""
+    so large integers that differ in one digit never match); None never matches. `rule`:
+    the rule that found `predicted`; a percent or a mixed quantity also matches in the
+    forms its reading allows (`quantities.candidates`: 75% is 0.75)."""
     a, b = normalize_answer(predicted), normalize_answer(gold)
     if a is None or b is None:
         return False
-    return abs(Decimal(a) - Decimal(b)) <= _TOLERANCE
+    reading = rule.partition(", ")[2] or None
+    return any(abs(value - Decimal(b)) <= _TOLERANCE for value in quantities.candidates(Decimal(a), reading))

@@ -140,12 +140,17 @@ class Benchmark(ABC):
         """The first `n` items, always in the same order."""
 
     def checked(self, items: list[Item], where: str) -> list[Item]:
-        """`items` if they can make a cell: at least one, and every id unique (a prompt id
-        keys every comparison; two items sharing one would be compared with each other)."""
+        """`items` if they can make a cell: at least one, every id unique (a prompt id keys
+        every comparison; two items sharing one would be compared with each other), and the
+        question and gold answer text (a number there is a record of another format)."""
         if not items:
             raise BenchmarkError(f"{where}: no items (empty data or n too small)")
         seen: dict[str, int] = {}
         for index, item in enumerate(items):
+            for key in ("question", "gold"):
+                if not isinstance(getattr(item, key), str):
+                    raise BenchmarkError(f"{where}: item {index} ({item.id}): its {key} must be a string, got "
+                                         f"{type(getattr(item, key)).__name__} {str(getattr(item, key))[:40]!r}")
             if item.id in seen:
                 raise BenchmarkError(f"{where}: records {seen[item.id]} and {index} have the same id {item.id!r}")
             seen[item.id] = index
@@ -219,12 +224,13 @@ class Benchmark(ABC):
         answer, rule = self.find_answer(self.scored_text(completion), finished)
         if answer is None:
             return Score(None, False, rule, "no_answer")
-        correct = self.matches(answer, item)
+        correct = self.matches(answer, item, rule)
         return Score(answer, correct, rule, "correct" if correct else "wrong")
 
-    def matches(self, answer: str, item: Item) -> bool:
-        """Whether a found answer equals the item's gold answer (numerically by default)."""
-        return answers_match(answer, item.gold)
+    def matches(self, answer: str, item: Item, rule: str = "") -> bool:
+        """Whether a found answer, found by `rule`, equals the item's gold answer (numerically
+        by default, in the forms the rule's reading allows)."""
+        return answers_match(answer, item.gold, rule)
 
     def is_correct(self, item: Item, completion: str) -> bool:
         """Whether the completion scores as correct (see `score`)."""

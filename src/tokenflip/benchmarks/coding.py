@@ -15,7 +15,8 @@ from abc import abstractmethod
 from .base import Benchmark, BenchmarkError, Item, Score
 from ..sandbox import ExecutionResult, Limits, TestProgram, available_layers, run_sample, sandbox_description
 
-__all__ = ["CodeBenchmark", "extract_code", "find_code", "parses", "names_from_solution", "VERDICT_OF_STATUS"]
+__all__ = ["CodeBenchmark", "extract_code", "find_code", "parses", "undecided_tests", "names_from_solution",
+           "VERDICT_OF_STATUS"]
 
 # A sample's verdict from the sandbox's status: a syntax error is the model's failure; a
 # sandbox error is nobody's verdict on the model, and is counted apart.
@@ -58,6 +59,20 @@ def parses(source: str) -> bool:
         except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
             return False
     return True
+
+
+def undecided_tests(source: str) -> str | None:
+    """Why a benchmark's test code cannot tell a right program from a wrong one (None if it
+    can): it does not parse (every sample of the task would fail), or it holds no `assert`
+    whose condition reads any name (`pass`, `assert True`: every program would pass)."""
+    try:
+        tree = _quiet_parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
+        return f"does not parse ({type(exc).__name__}: {exc})"
+    if not any(isinstance(node, ast.Assert) and any(isinstance(n, ast.Name) for n in ast.walk(node.test))
+               for node in ast.walk(tree)):
+        return "holds no assert that reads the solution (any program would pass)"
+    return None
 
 
 def _quiet_parse(source: str) -> ast.Module:

@@ -38,6 +38,22 @@ def gold_from_answer(answer: str) -> str | None:
     return normalize_answer(answer.rsplit("####", 1)[1].strip())
 
 
+def _checked_record(where: str, record: dict) -> tuple[str, str, str]:
+    """A record's question, answer and gold, or an error naming the record: both fields must
+    be text (a number or a list would reach the tokenizer or the answer rule as something else)."""
+    try:
+        question, answer = record["question"], record["answer"]
+    except (KeyError, TypeError) as e:
+        raise BenchmarkError(f"{where} lacks 'question'/'answer'") from e
+    for key, value in (("question", question), ("answer", answer)):
+        if not isinstance(value, str):
+            raise BenchmarkError(f"{where}: {key} must be a string, got {type(value).__name__} {str(value)[:40]!r}")
+    gold = gold_from_answer(answer)
+    if gold is None:
+        raise BenchmarkError(f"{where} has no numeric answer after '####'")
+    return question, answer, gold
+
+
 def _same_data(a: Source, b: Source) -> bool:
     """Whether two sources name the same records: one local file, or one hub split."""
     if a.path is not None or b.path is not None:
@@ -156,14 +172,7 @@ class GSM8KBenchmark(MathBenchmark):
         return list(self._items)
 
     def _item(self, index: int, record: dict) -> Item:
-        where = f"{self._label()}: record {index} of {self.source_label()}"
-        try:
-            question, answer = record["question"], record["answer"]
-        except (KeyError, TypeError) as e:
-            raise BenchmarkError(f"{where} lacks 'question'/'answer'") from e
-        gold = gold_from_answer(answer)
-        if gold is None:
-            raise BenchmarkError(f"{where} has no numeric answer after '####'")
+        question, answer, gold = _checked_record(f"{self._label()}: record {index} of {self.source_label()}", record)
         return Item(id=f"gsm8k-{index:04d}", question=question, gold=gold, solution=answer)
 
     def _exemplar_pool(self) -> tuple[list[tuple[str, str]], list[int]]:
@@ -171,12 +180,8 @@ class GSM8KBenchmark(MathBenchmark):
             where = f"{self._label()} exemplars"
             pool = []
             for index, record in enumerate(load_records(where, self.exemplar_source)):
-                try:
-                    question, answer = record["question"], record["answer"]
-                except (KeyError, TypeError) as e:
-                    raise BenchmarkError(f"{where}: record {index} lacks 'question'/'answer'") from e
-                if gold_from_answer(answer) is None:
-                    raise BenchmarkError(f"{where}: record {index} has no numeric answer after '####'")
+                question, answer, _ = _checked_record(
+                    f"{where}: record {index} of {self.exemplar_source.label()}", record)
                 pool.append((question, exemplar_answer(answer)))
             if len(pool) <= self.shots:
                 raise BenchmarkError(f"{where}: {len(pool)} records, need more than shots={self.shots}")

@@ -7,7 +7,7 @@ import re
 import textwrap
 
 from .base import SOURCE_SCHEMA, BenchmarkError, Item
-from .coding import CodeBenchmark, find_code, parses, top_level_names
+from .coding import CodeBenchmark, find_code, parses, top_level_names, undecided_tests
 from ..sandbox import TestProgram
 from .sources import Source, check_local, load_records
 
@@ -87,6 +87,13 @@ class HumanEvalBenchmark(CodeBenchmark):
                     task = {k: record[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}
                 except (KeyError, TypeError) as e:
                     raise BenchmarkError(f"{self._label()}: record {index} of {self.source.label()} lacks {e}") from e
+                why = undecided_tests(str(task["test"])) if str(task["entry_point"]).isidentifier() else \
+                    f"calls check({task['entry_point']!r}), which is no Python name"
+                if why is None and "check" not in top_level_names(task["test"]):
+                    why = "defines no check(candidate), which every sample's test calls"
+                if why:
+                    raise BenchmarkError(f"{self._label()}: record {index} ({task['task_id']}) of "
+                                         f"{self.source.label()}: its test {why}")
                 number = str(task["task_id"]).rsplit("/", 1)[-1]
                 item_id = f"humaneval-{int(number):03d}" if number.isdigit() else f"humaneval-{index:03d}"
                 self._tasks[item_id] = task

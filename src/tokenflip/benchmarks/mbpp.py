@@ -4,7 +4,7 @@ prompted 3-shot in the standard [BEGIN]/[DONE] format and scored by running the 
 from __future__ import annotations
 
 from .base import SOURCE_SCHEMA, BenchmarkError, Item
-from .coding import CodeBenchmark, find_code, names_from_solution
+from .coding import CodeBenchmark, find_code, names_from_solution, parses, undecided_tests
 from ..sandbox import TestProgram
 from .sources import Source, check_local, load_records
 
@@ -97,9 +97,18 @@ class MBPPBenchmark(CodeBenchmark):
             raise BenchmarkError(f"{self._label()}: record {index} (task_id {task['task_id']}) of {label}: "
                                  f"test_list must be a non-empty list of assert statements, got "
                                  f"{str(record['test_list'])[:80]!r}")
+        for number, test in enumerate(tests):
+            why = undecided_tests(test)
+            if why:
+                raise BenchmarkError(f"{self._label()}: record {index} (task_id {task['task_id']}) of {label}: "
+                                     f"test_list[{number}] {test[:60]!r} {why}")
         imports = record.get("test_imports") or []
         task["imports"] = "\n".join(imports) if isinstance(imports, list) else str(imports)
         task["setup"] = record.get("test_setup_code") or ""
+        for key in ("imports", "setup"):
+            if not isinstance(task[key], str) or not parses(task[key]):
+                raise BenchmarkError(f"{self._label()}: record {index} (task_id {task['task_id']}) of {label}: its "
+                                     f"test {key} {str(task[key])[:60]!r} do not parse (every sample would fail)")
         return task
 
     def items(self) -> list[Item]:

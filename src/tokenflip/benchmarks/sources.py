@@ -13,10 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..literals import literal_problems
 from .errors import BenchmarkError
 
 __all__ = ["Source", "parse_source", "check_local", "load_records", "HUB_KEYS", "PATH_KEYS", "PACKAGE_KEYS"]
 
+# The most a data file may hold, decompressed: benchmark files are a few MiB (GSM8K's train
+# split, the largest read here, is 4 MiB), so a bigger one (a gzip bomb) is refused before
+# it is read whole.
+MAX_DATA_BYTES = 64 * 2**20
 PATH_KEYS = frozenset({"path"})
 HUB_KEYS = frozenset({"hub", "config", "split", "revision"})
 PACKAGE_KEYS = frozenset({"package", "file"})
@@ -120,25 +125,49 @@ def check_local(where: str, source: Source) -> None:
             raise BenchmarkError(f"{where}: cannot load {source.label()}: {e}") from e
 
 
-def _read_text(path: Path) -> str:
-    raw = path.read_bytes()
-    if path.name.endswith(".gz"):
-        raw = gzip.decompress(raw)
-    return raw.decode("utf-8")
+def _too_large(label: str, size: int | str) -> BenchmarkError:
+    return BenchmarkError(f"{label}: holds {size} bytes, more than the {MAX_DATA_BYTES} (64 MiB) a benchmark data "
+                          f"file may hold decompressed")
+
+
+def _read_bytes(path: Path, label: str) -> bytes:
+    """The file's bytes, decompressed if gzip, never more than MAX_DATA_BYTES of them."""
+    if path.stat().st_size > MAX_DATA_BYTES:
+        raise _too_large(label, path.stat().st_size)
+    with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as fh:
+        raw = fh.read(MAX_DATA_BYTES + 1)
+    if len(raw) > MAX_DATA_BYTES:
+        raise _too_large(label, f"over {MAX_DATA_BYTES}")
+    return raw
+
+
+def _read_parquet(path: Path, label: str) -> list[dict]:
+    """The table's rows, if its uncompressed size (from its footer) is within MAX_DATA_BYTES."""
+    import pyarrow.parquet as pq
+
+    raw = _read_bytes(path, label)
+    meta = pq.ParquetFile(io.BytesIO(raw)).metadata
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if size > MAX_DATA_BYTES:
+        raise _too_large(label, size)
+    return pq.read_table(io.BytesIO(raw)).to_pylist()
 
 
 def _read_file(where: str, path: Path, label: str) -> list[dict]:
     name = path.name.lower().removesuffix(".gz")
     try:
         if name.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            return pq.read_table(io.BytesIO(path.read_bytes())).to_pylist()
-        text = _read_text(path)
+            rows = _read_parquet(path, label)
+        else:
+            text = _read_bytes(path, label).decode("utf-8")
+    except BenchmarkError as e:
+        raise BenchmarkError(f"{where}: {e}") from None
     except (OSError, ValueError, ImportError, EOFError, zlib.error) as e:
         # EOFError / zlib.error: a truncated or corrupt .gz; ValueError covers bad UTF-8
         # and Parquet that pyarrow cannot read.
         raise BenchmarkError(f"{where}: cannot read {label} (corrupt or truncated?): {type(e).__name__}: {e}") from e
+    if name.endswith(".parquet"):
+        return _mappings(where, label, rows)
     if name.endswith(".json"):
         try:
             data = json.loads(text)
@@ -160,10 +189,13 @@ def _read_file(where: str, path: Path, label: str) -> list[dict]:
 
 
 def _mappings(where: str, label: str, records: list) -> list[dict]:
-    """The records, if each one is a JSON object (a bare string or number is no record)."""
+    """The records, if each one is a JSON object (a bare string or number is no record) whose
+    strings UTF-8 can encode (JSON's "\ud800" is a lone surrogate no tokenizer takes)."""
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise BenchmarkError(f"{where}: record {index} of {label} is not an object: {str(record)[:80]!r}")
+        for problem in literal_problems(record):
+            raise BenchmarkError(f"{where}: record {index} of {label}: {problem}")
     return records
 
 

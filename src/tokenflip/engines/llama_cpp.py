@@ -180,7 +180,7 @@ def run_llama_cpp(job, bench, model_dir, out_path, progress: bool) -> dict[str, 
 
     from .. import provenance, runtime
     from ..cell_output import generate_records, model_record, write_cell
-    from ..decode import BatchResult
+    from ..decode import BatchResult, generated_only
     from ..models import ModelError, load_tokenizer, read_manifest, sha256_file
 
     manifest = read_manifest(model_dir)
@@ -200,7 +200,8 @@ def run_llama_cpp(job, bench, model_dir, out_path, progress: bool) -> dict[str, 
 
     def decode_batch(ids, mask, select, stop) -> BatchResult:
         return engine.decode(ids[0].tolist(), max_new_tokens=job.max_new_tokens, use_cache=job.cell.cache == "on",
-                             eos_token_ids=eos, record_top_k=job.record_top_k, select=select, stop=stop)
+                             eos_token_ids=eos, record_top_k=job.record_top_k, select=select,
+                             stop=generated_only(stop, ids.shape[1]))
 
     rows = generate_records(job, tokenizer, bench, decode_batch, pad, progress)
     described = engine.describe()
