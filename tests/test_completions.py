@@ -139,8 +139,8 @@ def test_cpu_features_come_from_the_recorded_flags():
 
 def test_a_thousand_pairs_show_a_bounded_number_of_texts():
     topk = json.dumps([["a", 1, 0.5], ["b", 2, 0.4]])
-    rows = [{"pair_id": f"p{i:04d}", "prompt_id": f"q{j}", "step": j, "prefix": "x" * 1000, "token_a": "a",
-             "token_b": "b", "rest_a": "y" * 1000, "rest_b": "z", "token_id_a": 1, "token_id_b": 2, "topk_a": topk,
+    rows = [{"pair_id": f"p{i:04d}", "prompt_id": f"q{j}", "step": j, "prefix_chars": 1000, "token_a": "a",
+             "token_b": "b", "text_a": "x" * 1000 + "a" + "y" * 1000, "text_b": "x" * 1000 + "bz", "token_id_a": 1, "token_id_b": 2, "topk_a": topk,
              "topk_b": topk, "correct_a": True, "correct_b": None, "verdict_a": "right", "verdict_b": "no_answer",
              "finish_a": "eos", "finish_b": "length", "n_tokens_a": 5, "n_tokens_b": 48}
             for i in range(1000) for j in range(5)]
@@ -148,10 +148,13 @@ def test_a_thousand_pairs_show_a_bounded_number_of_texts():
                           for i in range(1000)])
     view = diverged.diverged_view(pd.DataFrame(rows), pairs)
     assert len(view["diverged_rows"]) == 5000 and view["diverged_total"] == 5000
+    assert list(view["diverged_rows"]["pair_id"][:6]) == ["p0000"] * 5 + ["p0001"]
     assert view["diverged_shown"] == diverged.SHOWN_IN_ALL and len(view["diverged_index"]) == diverged.INDEX_ROWS
     assert len(view["diverged_anchor"]) == 1000
     first = view["diverged_pairs"][0]["shown"][0]
-    assert len(first["prefix_tail"]) == diverged.PREFIX_CHARS and first["prefix_cut"] and first["rest_a_cut"]
+    assert first["prefix_tail"] == "x" * diverged.PREFIX_CHARS and first["prefix_cut"] and first["rest_a_cut"]
+    assert first["rest_a_head"] == "y" * diverged.REST_CHARS and first["rest_b_head"] == "z"
+    assert [len(g["shown"]) for g in view["diverged_pairs"][:51]] == [3] * 50 + [0]
     assert (first["outcome_a"], first["outcome_b"]) == ("right", "no answer, cut at 48 tokens")
     assert [c["chosen_a"] for c in first["candidates"]] == [True, False]
     assert [c["chosen_b"] for c in first["candidates"]] == [False, True]

@@ -579,6 +579,7 @@ def large_report(tmp_path_factory) -> dict[str, Any]:
 
     root = tmp_path_factory.mktemp("large-report")
     config = report_scale.write_synthetic_summaries(root / "summary")
+    _write_synthetic_diverged(root / "summary")
     t0 = time.monotonic()
     report = render(root / "summary", root / "report" / "index.html", config)
     return {"report": report, "summary": root / "summary", "seconds": time.monotonic() - t0}
@@ -618,9 +619,41 @@ def large_page(chromium, large_report, tmp_path_factory) -> dict[str, Any]:
             "problems": page_problems(events, url), "png": base64.b64decode(shot["data"])}
 
 
+def _write_synthetic_diverged(summary: Path) -> None:
+    """The synthetic study's diverged prompts as text: every first-divergence row with two
+    completions of about 500 tokens (2,000 characters) and a top-8 on both sides."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from tokenflip import storage
+    from tokenflip.completions import COLUMNS
+
+    first = pq.read_table(summary / "first_divergence.parquet").to_pandas()
+    topk = json.dumps([[f" tok{i}", i, 10.0 - i / 8] for i in range(8)])
+    rows = first.assign(a="fp16", b="bf16", engine="transformers", step=first["first_div_step"].astype(int),
+                        prefix_chars=700, token_a=" She", token_b=" Every",
+                        text_a="Janet's ducks lay 16 eggs per day. " * 20 + " She" + " eats three for breakfast " * 52,
+                        text_b="Janet's ducks lay 16 eggs per day. " * 20 + " Every" + " morning she bakes " * 72,
+                        token_id_a=0, token_id_b=1, margin_a=0.01, margin_b=0.02,
+                        topk_a=topk, topk_b=topk, correct_a=True, correct_b=False, verdict_a="right",
+                        verdict_b="wrong", extracted_a="18", extracted_b="16", finish_a="eos", finish_b="length",
+                        n_tokens_a=500, n_tokens_b=512)
+    frame = rows.reindex(columns=COLUMNS)
+    storage.write_table(pa.Table.from_pandas(pd.DataFrame(frame), preserve_index=False),
+                        summary / "diverged.parquet", {"kind": "summary", "table": "diverged", "run": "large"})
+
+
 def test_large_report_renders_within_its_size(large_report):
     # Its render time is a goal of perf/report_scale.py (a ratio-free budget there), not asserted here.
+    # Every diverged prompt is in tables/diverged.csv; the page shows a bounded number as text.
+    from tokenflip.report.diverged import INDEX_ROWS, SHOWN_IN_ALL
+
     assert large_report["report"].stat().st_size < 10e6
+    html = large_report["report"].read_text()
+    diverged = pq.read_metadata(large_report["summary"] / "diverged.parquet").num_rows
+    assert diverged > INDEX_ROWS and html.count('<div class="diverged-prompt">') == SHOWN_IN_ALL
+    with open(large_report["report"].parent / "tables" / "diverged.csv", newline="") as fh:
+        assert sum(1 for _ in csv.DictReader(fh)) == diverged
     pairs = pq.read_metadata(large_report["summary"] / "pairs.parquet").num_rows
     cells = pq.read_metadata(large_report["summary"] / "cells.parquet").num_rows
     assert (cells, pairs) == (960, 1520)
@@ -710,7 +743,7 @@ def test_diverged_texts_are_the_prepared_tokenizers_decoding_of_the_stored_ids(r
     """No browser needed: every diverged prompt's two texts, split at the first differing
     token, are exactly the prepared tokenizer's decoding of the ids the cells stored (and
     the text the cells scored); the candidates are the stored top-k of that step."""
-    from tokenflip import storage
+    from tokenflip import completions, storage
     from tokenflip.layout import RunLayout
     from tokenflip.models import load_tokenizer
 
@@ -722,6 +755,7 @@ def test_diverged_texts_are_the_prepared_tokenizers_decoding_of_the_stored_ids(r
     pairs = {p["pair_id"]: p for p in pq.read_table(run["summary"] / "pairs.parquet").to_pylist()}
     tokenizers = {}
     for row in rows:
+        row.update(completions.parts(row))
         pair = pairs[row["pair_id"]]
         tokenizer = tokenizers.setdefault(pair["model"], load_tokenizer(layout.model_dir(pair["model"])))
         cells = {}
@@ -741,8 +775,8 @@ def test_diverged_texts_are_the_prepared_tokenizers_decoding_of_the_stored_ids(r
             assert [c[0] for c in json.loads(row[f"topk_{side}"])] == [
                 tokenizer.decode([i], skip_special_tokens=True) for i in stored["top_ids"][step]]
     written = _read_csv(run["report"].parent / "tables" / "diverged.csv")
-    assert [(r["pair_id"], r["prompt_id"], r["text_a"], r["text_b"]) for r in written] == [
-        (r["pair_id"], r["prompt_id"], r["text_a"], r["text_b"]) for r in rows]
+    assert sorted((r["pair_id"], r["prompt_id"], r["text_a"], r["text_b"]) for r in written) == sorted(
+        (r["pair_id"], r["prompt_id"], r["text_a"], r["text_b"]) for r in rows)
 
 
 def _headline(html: str) -> list[str]:
@@ -802,7 +836,7 @@ def test_an_engines_study_never_pools_two_engines(run, tmp_path):
         [("transformers", p) for p in pairs.loc[pairs["axis"] == "cache", "precision"]]
         + [("llama.cpp", p) for p in other["precision"]])
     claims = re.search(r'<ul class="headline" id="kv-claims">(.*?)</ul>', html, re.S).group(1)
-    bullets = [_text(li) for li in re.findall(r"<li>(.*?)</li>", claims, re.S)]
+    bullets = [_text(li) for li in re.findall(r"<li[^>]*>(.*?)</li>", claims, re.S)]
     per_group = [b for b in bullets if " prompts diverged;" in b]
     assert {b.split(":")[0] for b in per_group} == {f"tiny-llama, {e}, {p}" for e in ("transformers", "llama.cpp")
                                                      for p in set(pairs.loc[pairs["axis"] == "cache", "precision"])}
@@ -811,6 +845,7 @@ def test_an_engines_study_never_pools_two_engines(run, tmp_path):
 
 
 def test_a_diverged_pair_opens_side_by_side_from_the_pairs_table(browser_page, run):
+    from tokenflip.completions import parts
     from tokenflip.report.diverged import PREFIX_CHARS, visible
 
     got = browser_page["diverged"]
@@ -819,7 +854,7 @@ def test_a_diverged_pair_opens_side_by_side_from_the_pairs_table(browser_page, r
                   key=lambda r: (r["step"], r["prompt_id"]))
     pair = next(p for p in pq.read_table(run["summary"] / "pairs.parquet").to_pylist() if p["pair_id"] == got["pair"])
     assert got["linkText"] == str(pair["n_diverged"]) == str(len(rows))
-    first = rows[0]
+    first = {**rows[0], **parts(rows[0])}
     assert f"prompt {first['prompt_id']} · parted at step {first['step']}" in re.sub(r"\s+", " ", got["head"])
     for side, shown in zip("ab", got["sides"]):
         assert shown["label"] == f"{side}: {first[side]}"

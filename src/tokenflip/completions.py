@@ -24,8 +24,11 @@ from .jobs import Pair
 CELL_COLUMNS = ["prompt_id", "token_ids", "top_ids", "top_logits", "margin", "finish_reason", "correct",
                 "verdict", "extracted"]
 
+# Each side's text is stored once, whole; `prefix_chars` (the common prefix's length in
+# characters) and the differing tokens' texts split it: prefix = text_a[:prefix_chars],
+# rest_a = text_a[prefix_chars + len(token_a):] (`parts`).
 COLUMNS = ["pair_id", "label", "axis", "a", "b", "context", "model", "benchmark", "engine", "prompt_id", "step",
-           "prefix", "token_a", "token_b", "rest_a", "rest_b", "text_a", "text_b", "token_id_a", "token_id_b",
+           "prefix_chars", "token_a", "token_b", "text_a", "text_b", "token_id_a", "token_id_b",
            "margin_a", "margin_b", "topk_a", "topk_b", "correct_a", "correct_b", "verdict_a", "verdict_b",
            "extracted_a", "extracted_b", "finish_a", "finish_b", "n_tokens_a", "n_tokens_b"]
 
@@ -137,8 +140,17 @@ def pair_diverged(pair: Pair, prompts: pd.DataFrame, path_a: str | Path, path_b:
                         f"correct_{side}": rec["correct"], f"verdict_{side}": rec["verdict"],
                         f"extracted_{side}": rec["extracted"], f"finish_{side}": rec["finish_reason"],
                         f"n_tokens_{side}": len(rec["token_ids"])})
+        parts = row.pop("prefix"), row.pop("rest_a"), row.pop("rest_b")
+        row["prefix_chars"] = len(parts[0])
         rows.append(row)
     return rows
+
+
+def parts(row: dict[str, Any]) -> dict[str, str]:
+    """A stored row's texts split at the first differing token: prefix, rest_a, rest_b."""
+    start = int(row["prefix_chars"])
+    return {"prefix": row["text_a"][:start], "rest_a": row["text_a"][start + len(row["token_a"]):],
+            "rest_b": row["text_b"][start + len(row["token_b"]):]}
 
 
 def diverged_frame(pairs: list[Pair], first_div: pd.DataFrame, layout: Any, cell_metas: dict[str, dict],

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from .. import completions
 from .common import in_words
 
 # Diverged prompts shown as text per pair, and in all: each is about 3 kB of HTML, so the
@@ -56,7 +57,8 @@ def _candidates(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
-    prefix, rest_a, rest_b = row["prefix"], row["rest_a"], row["rest_b"]
+    split = completions.parts(row)
+    prefix, rest_a, rest_b = split["prefix"], split["rest_a"], split["rest_b"]
     return {**row, "prefix_cut": len(prefix) > PREFIX_CHARS, "prefix_tail": prefix[-PREFIX_CHARS:],
             "rest_a_head": rest_a[:REST_CHARS], "rest_a_cut": len(rest_a) > REST_CHARS,
             "rest_b_head": rest_b[:REST_CHARS], "rest_b_cut": len(rest_b) > REST_CHARS,
@@ -68,27 +70,31 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
 def diverged_view(diverged: pd.DataFrame, pairs: pd.DataFrame) -> dict[str, Any]:
     """For the template: the pairs with diverged prompts, in the pairs table's order, each
     with its first few prompts as text (`diverged_pairs`); each pair's anchor; the index
-    table's rows (`diverged_index`, bounded); every row for the CSV (`diverged_rows`)."""
+    table's rows (`diverged_index`, bounded); every row for the CSV (`diverged_rows`, a
+    frame: tens of thousands of rows are not turned into dicts)."""
     empty = {"diverged_pairs": [], "diverged_anchor": {}, "diverged_index": [], "diverged_rows": [],
              "diverged_total": 0, "diverged_shown": 0, "diverged_per_pair": SHOWN_PER_PAIR}
     if diverged.empty or pairs.empty:
         return empty
     order = pairs.sort_values(["model", "benchmark", "axis", "a", "b", "context"])
-    order = order[order["pair_id"].isin(set(diverged["pair_id"]))]
-    by_pair = {pid: g for pid, g in diverged.groupby("pair_id", sort=False)}
-    groups, anchors, budget = [], {}, SHOWN_IN_ALL
-    for i, pair in enumerate(order.to_dict("records")):
-        rows = by_pair[pair["pair_id"]].sort_values(["step", "prompt_id"]).to_dict("records")
-        shown = [_shown(r) for r in rows[:min(SHOWN_PER_PAIR, budget)]]
-        budget -= len(shown)
-        anchors[pair["pair_id"]] = anchor(i)
-        groups.append({"anchor": anchor(i), "pair": pair, "words": in_words(pair, plain=False), "shown": shown,
-                       "n": len(rows)})
-    index = [{**r, "anchor": anchors[r["pair_id"]]}
-             for g in groups for r in by_pair[g["pair"]["pair_id"]].to_dict("records")][:INDEX_ROWS]
+    order = order[order["pair_id"].isin(set(diverged["pair_id"]))].reset_index(drop=True)
+    anchors = {pid: anchor(i) for i, pid in enumerate(order["pair_id"])}
+    rank = pd.Series(range(len(order)), index=order["pair_id"])
+    ranked = diverged.assign(_rank=diverged["pair_id"].map(rank)).dropna(subset=["_rank"])
+    ranked = ranked.sort_values(["_rank", "step", "prompt_id"], kind="stable")
+    counts = ranked.groupby("pair_id", sort=False).size()
+    heads = ranked.groupby("pair_id", sort=False).head(SHOWN_PER_PAIR).head(SHOWN_IN_ALL)
+    shown: dict[str, list[dict[str, Any]]] = {}
+    for row in heads.drop(columns="_rank").to_dict("records"):
+        shown.setdefault(row["pair_id"], []).append(_shown(row))
+    groups = [{"anchor": anchors[pair["pair_id"]], "pair": pair, "words": in_words(pair, plain=False),
+               "shown": shown.get(pair["pair_id"], []), "n": int(counts[pair["pair_id"]])}
+              for pair in order.to_dict("records")]
+    index = ranked.head(INDEX_ROWS).drop(columns="_rank")
+    index = index.assign(anchor=index["pair_id"].map(anchors)).to_dict("records")
     return {"diverged_pairs": groups, "diverged_anchor": anchors, "diverged_index": index,
-            "diverged_rows": diverged.to_dict("records"), "diverged_total": len(diverged),
-            "diverged_shown": sum(len(g["shown"]) for g in groups), "diverged_per_pair": SHOWN_PER_PAIR}
+            "diverged_rows": ranked.drop(columns="_rank"), "diverged_total": len(ranked),
+            "diverged_shown": len(heads), "diverged_per_pair": SHOWN_PER_PAIR}
 
 
 def visible(token: Any) -> str:

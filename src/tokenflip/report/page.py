@@ -152,11 +152,13 @@ def write_tables(context: dict[str, Any], out_dir: str | Path) -> list[Path]:
     for key, name in _table_files(context).items():
         path = out_dir / name
         rows = context.get(key)
-        if not isinstance(rows, list) or not rows:
+        if isinstance(rows, pd.DataFrame):
+            rows = rows if not rows.empty else []
+        if not isinstance(rows, (list, pd.DataFrame)) or not len(rows):
             path.unlink(missing_ok=True)
             continue
         with storage.atomic_path(path) as tmp:
-            pd.DataFrame(rows).to_csv(tmp, index=False)
+            (rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)).to_csv(tmp, index=False)
         written.append(path)
     for stale in out_dir.glob("*.csv"):
         if stale not in written:
