@@ -158,3 +158,41 @@ def test_a_thousand_pairs_show_a_bounded_number_of_texts():
     assert (first["outcome_a"], first["outcome_b"]) == ("right", "no answer, cut at 48 tokens")
     assert [c["chosen_a"] for c in first["candidates"]] == [True, False]
     assert [c["chosen_b"] for c in first["candidates"]] == [False, True]
+
+
+def _cell_file(path, tokens: list[list[int]], decode) -> str:
+    import numpy as np
+
+    from tokenflip import storage
+
+    records = [{"prompt_index": i, "prompt_id": f"p{i}", "batch_index": i, "prompt_ids": [1], "token_ids": ids,
+                "top_ids": np.asarray([[t, t + 1] for t in ids], np.int32),
+                "top_logits": np.asarray([[1.0, 0.5]] * len(ids), np.float32), "margin": [0.5] * len(ids),
+                "logsumexp": [0.0] * len(ids), "entropy": [0.0] * len(ids), "intervened": [False] * len(ids),
+                "n_tokens": len(ids), "finish_reason": "length", "text": decode(ids), "gold": "1", "extracted": None,
+                "correct": False, "answer_rule": "none", "verdict": "no_answer", "latency_s": 0.0}
+               for i, ids in enumerate(tokens)]
+    storage.write_table(storage.cell_table(records, 2), path, {"kind": "cell"})
+    return str(path)
+
+
+def test_without_the_prepared_tokenizer_the_stored_texts_are_shown_unmarked(tokenizer, decode, tmp_path):
+    """resources/ removed after the run: the rows keep the texts the cells stored (the same
+    tokenizer's decoding, made when they ran) and say that they are not split."""
+    from tokenflip.jobs import Cell, Pair
+
+    a_ids, b_ids = tokenizer.encode("Janet lays 16 eggs"), tokenizer.encode("Janet's ducks lay")
+    step = next(i for i, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y)
+    cell_a = Cell("m", "b", "fp32", "on", 1, "greedy", "none")
+    pair = Pair("precision", cell_a, Cell("m", "b", "bf16", "on", 1, "greedy", "none"))
+    prompts = pd.DataFrame({"prompt_id": ["p0"], "first_div_step": [float(step)]})
+    paths = _cell_file(tmp_path / "a.parquet", [a_ids], decode), _cell_file(tmp_path / "b.parquet", [b_ids], decode)
+    (split,) = completions.pair_diverged(pair, prompts, *paths, decode)
+    (unsplit,) = completions.pair_diverged(pair, prompts, *paths, None)
+    assert split["text_a"] == unsplit["text_a"] == decode(a_ids) and unsplit["text_b"] == decode(b_ids)
+    assert split["prefix_chars"] == len(decode(a_ids[:step])) and unsplit["prefix_chars"] is None
+    assert unsplit["token_a"] is None and json.loads(unsplit["topk_a"])[0] == [None, a_ids[step], 1.0]
+    assert completions.parts(unsplit) == {"prefix": "", "rest_a": decode(a_ids), "rest_b": decode(b_ids)}
+    shown = diverged._shown({**unsplit, "correct_a": False, "correct_b": False, "finish_a": "length",
+                             "finish_b": "length"})
+    assert shown["unsplit"] and shown["rest_a_head"] == decode(a_ids)[:diverged.REST_CHARS]

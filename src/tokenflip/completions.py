@@ -22,11 +22,14 @@ from . import storage
 from .jobs import Pair
 
 CELL_COLUMNS = ["prompt_id", "token_ids", "top_ids", "top_logits", "margin", "finish_reason", "correct",
-                "verdict", "extracted"]
+                "verdict", "extracted", "text"]
 
 # Each side's text is stored once, whole; `prefix_chars` (the common prefix's length in
 # characters) and the differing tokens' texts split it: prefix = text_a[:prefix_chars],
-# rest_a = text_a[prefix_chars + len(token_a):] (`parts`).
+# rest_a = text_a[prefix_chars + len(token_a):] (`parts`). Where the model's prepared
+# directory is gone (resources/ removed after the run), the texts are the ones the cells
+# stored (the same tokenizer's decoding, made when they ran), unsplit: `prefix_chars` and the
+# token texts are null.
 COLUMNS = ["pair_id", "label", "axis", "a", "b", "context", "model", "benchmark", "engine", "prompt_id", "step",
            "prefix_chars", "token_a", "token_b", "text_a", "text_b", "token_id_a", "token_id_b",
            "margin_a", "margin_b", "topk_a", "topk_b", "correct_a", "correct_b", "verdict_a", "verdict_b",
@@ -83,9 +86,11 @@ def split_at(decode: Callable[[list[int]], str], ids_a: list[int], ids_b: list[i
     return out
 
 
-def _candidates(decode: Callable[[list[int]], str], ids: Any, logits: Any) -> str:
-    """A step's top-k as JSON: [[token text, token id, logit], ...] in rank order."""
-    return json.dumps([[decode([int(i)]), int(i), round(float(v), 6)] for i, v in zip(ids, logits)])
+def _candidates(decode: Callable[[list[int]], str] | None, ids: Any, logits: Any) -> str:
+    """A step's top-k as JSON: [[token text, token id, logit], ...] in rank order (the text
+    null without a tokenizer)."""
+    return json.dumps([[decode([int(i)]) if decode else None, int(i), round(float(v), 6)]
+                       for i, v in zip(ids, logits)])
 
 
 class Tokenizers:
@@ -95,11 +100,15 @@ class Tokenizers:
     def __init__(self, model_dir: Callable[[str], str]):
         self._model_dir, self._loaded = model_dir, {}
 
-    def decoder(self, model: str, recorded_digest: str | None) -> Callable[[list[int]], str]:
+    def decoder(self, model: str, recorded_digest: str | None) -> Callable[[list[int]], str] | None:
+        """The model's decoding function, or None where its prepared directory is absent."""
         if model not in self._loaded:
             from .models import ModelError, load_tokenizer, read_manifest
 
             path = self._model_dir(model)
+            if not Path(path).exists():
+                self._loaded[model] = None
+                return None
             try:
                 manifest, tokenizer = read_manifest(path), load_tokenizer(path)
             except (ModelError, OSError, ValueError) as exc:
@@ -118,7 +127,7 @@ def _step(row: dict[str, Any], step: int, key: str) -> Any:
 
 
 def pair_diverged(pair: Pair, prompts: pd.DataFrame, path_a: str | Path, path_b: str | Path,
-                  decode: Callable[[list[int]], str]) -> list[dict[str, Any]]:
+                  decode: Callable[[list[int]], str] | None) -> list[dict[str, Any]]:
     """One row per diverged prompt of `pair` (`prompts`: its first-divergence rows, with
     `prompt_id` and `first_div_step`), read from the two cell files."""
     wanted = set(prompts["prompt_id"])
@@ -132,7 +141,9 @@ def pair_diverged(pair: Pair, prompts: pd.DataFrame, path_a: str | Path, path_b:
         row = {"pair_id": pair.id, "label": pair.label, "axis": pair.axis, "a": str(pair.a.value(pair.axis)),
                "b": str(pair.b.value(pair.axis)), "context": pair.context, "model": pair.a.model,
                "benchmark": pair.a.benchmark, "engine": str(pair.a.value("engine")), "prompt_id": prompt_id,
-               "step": step, **split_at(decode, a["token_ids"], b["token_ids"], step)}
+               "step": step, **(split_at(decode, a["token_ids"], b["token_ids"], step) if decode else
+                                {"prefix": None, "text_a": a["text"], "text_b": b["text"], "token_a": None,
+                                 "token_b": None, "rest_a": None, "rest_b": None})}
         for side, rec in (("a", a), ("b", b)):
             ids, logits = _step(rec, step, "top_ids"), _step(rec, step, "top_logits")
             row.update({f"token_id_{side}": _step(rec, step, "token_ids"), f"margin_{side}": _step(rec, step, "margin"),
@@ -140,14 +151,18 @@ def pair_diverged(pair: Pair, prompts: pd.DataFrame, path_a: str | Path, path_b:
                         f"correct_{side}": rec["correct"], f"verdict_{side}": rec["verdict"],
                         f"extracted_{side}": rec["extracted"], f"finish_{side}": rec["finish_reason"],
                         f"n_tokens_{side}": len(rec["token_ids"])})
-        parts = row.pop("prefix"), row.pop("rest_a"), row.pop("rest_b")
-        row["prefix_chars"] = len(parts[0])
+        prefix = row.pop("prefix")
+        del row["rest_a"], row["rest_b"]
+        row["prefix_chars"] = len(prefix) if prefix is not None else None
         rows.append(row)
     return rows
 
 
 def parts(row: dict[str, Any]) -> dict[str, str]:
-    """A stored row's texts split at the first differing token: prefix, rest_a, rest_b."""
+    """A stored row's texts split at the first differing token: prefix, rest_a, rest_b
+    (unsplit, the whole texts as the rests, where no tokenizer split them)."""
+    if row["prefix_chars"] is None or row["prefix_chars"] != row["prefix_chars"]:
+        return {"prefix": "", "rest_a": row["text_a"], "rest_b": row["text_b"]}
     start = int(row["prefix_chars"])
     return {"prefix": row["text_a"][:start], "rest_a": row["text_a"][start + len(row["token_a"]):],
             "rest_b": row["text_b"][start + len(row["token_b"]):]}

@@ -59,7 +59,8 @@ def _candidates(row: dict[str, Any]) -> list[dict[str, Any]]:
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
     split = completions.parts(row)
     prefix, rest_a, rest_b = split["prefix"], split["rest_a"], split["rest_b"]
-    return {**row, "prefix_cut": len(prefix) > PREFIX_CHARS, "prefix_tail": prefix[-PREFIX_CHARS:],
+    unsplit = row["token_a"] is None or row["token_b"] is None
+    return {**row, "unsplit": unsplit, "prefix_cut": len(prefix) > PREFIX_CHARS, "prefix_tail": prefix[-PREFIX_CHARS:],
             "rest_a_head": rest_a[:REST_CHARS], "rest_a_cut": len(rest_a) > REST_CHARS,
             "rest_b_head": rest_b[:REST_CHARS], "rest_b_cut": len(rest_b) > REST_CHARS,
             "outcome_a": outcome(row["correct_a"], row["verdict_a"], row["finish_a"], row["n_tokens_a"]),
