@@ -469,8 +469,8 @@ def test_dom_numbers_match_the_summary_tables(browser_page, run):
         assert row[1] == c["status"]
         unmeasured = c["n_cut_no_answer"] > c["n_prompts"] / 2
         assert row[3] == _pct(c["accuracy"]) + (" not measured" if unmeasured else "")
-        assert row[8] == str(c["generated_tokens"])
-        assert row[4:7] == [str(c["n_stopped"]), str(c["n_no_answer"]), str(c["n_sandbox_errors"])]
+        assert row[8] == str(int(c["generated_tokens"]))
+        assert row[4:7] == [str(int(c["n_stopped"])), str(int(c["n_no_answer"])), str(int(c["n_sandbox_errors"]))]
         cut = (f"{int(c['n_cut'])} ({int(c['n_cut_no_answer'])} no answer) at {int(c['max_new_tokens'])}"
                if c["n_cut"] else "0")
         assert row[7] == cut
@@ -509,7 +509,8 @@ def test_csv_tables_match_the_rendered_dom(browser_page, run):
     kv = _read_csv(tables / "kv_cache.csv")
     dom_kv = browser_page["page"]["tables"]["kv-table"]["rows"]
     assert [(r[2], r[4], r[6], r[10]) for r in dom_kv] == [
-        (r["engine"], r["precision"], f"{r['n_diverged']} / {r['n_prompts']}", _fmt(float(r["max_abs_dlogit"])))
+        (r["engine"], r["precision"], f"{int(float(r['n_diverged']))} / {int(float(r['n_prompts']))}",
+         _fmt(float(r["max_abs_dlogit"])))
         for r in kv]
     precision = _read_csv(tables / "precision.csv")
     dom_prec = browser_page["page"]["tables"]["precision-table"]["rows"]

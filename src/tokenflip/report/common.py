@@ -135,9 +135,10 @@ def condition_labels(rows: pd.DataFrame) -> pd.Series:
 
 def in_words(values: dict[str, Any], plain: bool = True) -> str:
     """A pair's shared settings as a reader says them ("bf16, cache on, batch size 1, greedy,
-    engine llama.cpp"): the compared axis (None) left out, the further axes only where they
-    are not at their default (and with `plain=False` greedy decoding and no intervention
-    too). The file-name form stays in the tables' shared-settings column."""
+    inference engine llama.cpp, KV cache stored in FP8 E5M2"): the compared axis (None) left
+    out, the further axes only where they are not at their default (and with `plain=False`
+    greedy decoding and no intervention too). The file-name form stays in the tables'
+    shared-settings column."""
     from ..jobs import EXTRA_AXES, NAME_AXES
 
     def given(v: Any) -> bool:
@@ -178,8 +179,8 @@ KV_DTYPE_WORDS = {"default": "KV cache kept in the compute precision", "fp8_e4m3
 
 def value_words(axis: str, value: Any, interventions: dict[str, Any] | None = None) -> str:
     """One setting as a reader says it: "KV cache stored in FP8 E5M2", "prompt prefilled 16
-    tokens at a time", "engine llama.cpp", "C_gated (the LM head recomputed in fp32, gated
-    by margin < τ)" (with the config's `interventions` block)."""
+    tokens at a time", "inference engine llama.cpp", "C_gated (the LM head recomputed in
+    fp32, gated by margin < τ)" (with the config's `interventions` block)."""
     value = _batch(value) if axis == "batch_size" else str(value)
     if axis == "kv_dtype":
         return KV_DTYPE_WORDS.get(value, f"KV cache stored as {value}")

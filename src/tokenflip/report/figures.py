@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import pandas as pd
 import seaborn as sns
 
@@ -118,6 +119,7 @@ def drift_figure(layers: pd.DataFrame) -> str | None:
     ax.set_yscale("log")
     legend_outside(ax)
     ax.set_ylabel("mean ‖h_ON − h_OFF‖₂\n(0 drawn at 10⁻¹²)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _svg(fig)
 
 
@@ -135,13 +137,16 @@ def patching_figure(patching: pd.DataFrame) -> str | None:
     whole = data[data["kind"].isin(WHOLE_PATCHES)]
     colours = palette(data["precision"])
     sns.barplot(data=whole, x="kind", y="recovered", hue="precision", order=list(WHOLE_PATCHES),
-                estimator="median", errorbar=None, ax=whole_ax, palette=colours)
+                estimator="median", errorbar=None, ax=whole_ax, palette=colours, saturation=1)
     whole_ax.set_xlabel("")
     whole_ax.set_ylabel("KL recovered (%, median)")
     per_layer = data[data["kind"].isin(["residual layer", "kv layer"])]
     sns.lineplot(data=per_layer, x="layer", y="recovered", hue="precision", style="kind", estimator="median",
                  errorbar=None, marker="o", ax=layer_ax, palette=colours)
     legend_outside(layer_ax)
+    if whole_ax.get_legend() is not None and layer_ax.get_legend() is not None:
+        whole_ax.get_legend().remove()   # the precisions' colours are in the right-hand legend
+    layer_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     layer_ax.set_ylabel("KL recovered (%, median)")
     for ax in (whole_ax, layer_ax):
         ax.axhline(100, color="grey", linewidth=0.6)
