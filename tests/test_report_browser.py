@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import html as markup
 import fcntl
 import json
 import os
@@ -289,6 +290,31 @@ FIRST_SCREEN_PROBE = """(() => {
 })()"""
 
 
+# A click on a pair's diverged count in the pairs table: afterwards, the block it opened (the
+# two texts with the first differing token marked, that step's candidates) and where it is.
+DIVERGED_PROBE = """new Promise(done => {
+  const link = document.querySelector("#pairs-table tbody a[href^='#diverged-']");
+  window.addEventListener("hashchange", () => setTimeout(() => {
+    const block = document.getElementById(location.hash.slice(1));
+    const prompt = block.querySelector(".diverged-prompt");
+    const text = el => el ? el.textContent : null;
+    done({hash: location.hash, pair: link.closest("tr").dataset.pair, linkText: link.textContent.trim(),
+          open: block.open, top: block.getBoundingClientRect().top,
+          sides: [...prompt.querySelectorAll(".side")].map(side => ({
+            label: text(side.querySelector(".side-label")), prefix: text(side.querySelector(".prefix")),
+            mark: text(side.querySelector("mark.first-diff")), rest: text(side.querySelector(".rest")),
+            markVisible: side.querySelector("mark.first-diff").checkVisibility()})),
+          head: text(prompt.querySelector(".diverged-head")),
+          candidates: [...prompt.querySelectorAll("table.candidates tbody tr")].map(tr => [...tr.cells].map(text)),
+          chosen: [...prompt.querySelectorAll("table.candidates td.chosen")].map(td => [td.cellIndex, td.textContent])});
+  }, 0), {once: true});
+  link.click();
+})"""
+
+# Every section scrolled to the top of a 1280 x 900 window, for its screenshot.
+SECTIONS_PROBE = """[...document.querySelectorAll("main > section[id]")].map(s => s.id)"""
+
+
 NARROW_PROBE = """(() => (document.querySelectorAll("details.fold").forEach(d => { d.open = true; }), {
   pageWidth: document.documentElement.scrollWidth,
   viewportWidth: window.innerWidth,
@@ -346,6 +372,17 @@ def browser_page(chromium, run, tmp_path_factory) -> dict[str, Any]:
                            session=session)
         assert "exceptionDetails" not in first, first["exceptionDetails"]
         first_screen = tools.send("Page.captureScreenshot", {"format": "png"}, session=session, timeout=60)
+        diverged = tools.send("Runtime.evaluate", {"expression": DIVERGED_PROBE, "returnByValue": True,
+                                                   "awaitPromise": True}, session=session, timeout=60)
+        assert "exceptionDetails" not in diverged, diverged["exceptionDetails"]
+        sections = {}
+        for section in tools.send("Runtime.evaluate", {"expression": SECTIONS_PROBE, "returnByValue": True},
+                                  session=session)["result"]["value"]:
+            tools.send("Runtime.evaluate", {"expression": f"document.getElementById({json.dumps(section)})"
+                                                          ".scrollIntoView()"}, session=session)
+            shot = tools.send("Page.captureScreenshot", {"format": "png"}, session=session, timeout=60)
+            sections[section] = base64.b64decode(shot["data"])
+        tools.send("Runtime.evaluate", {"expression": "scrollTo(0, 0)"}, session=session)
 
         # A narrow window: wide tables scroll inside their wrappers, the page does not.
         tools.send("Emulation.setDeviceMetricsOverride", {"width": NARROW, "height": VIEWPORT[1],
@@ -368,7 +405,8 @@ def browser_page(chromium, run, tmp_path_factory) -> dict[str, Any]:
     finally:
         tools.close()
     return {"url": url, "page": page, "narrow": narrow, "events": events, "png": base64.b64decode(shot["data"]),
-            "first": first["result"]["value"], "first_png": base64.b64decode(first_screen["data"])}
+            "first": first["result"]["value"], "first_png": base64.b64decode(first_screen["data"]),
+            "diverged": diverged["result"]["value"], "sections": sections}
 
 
 # ------------------------------------------------------------------------------ the tests
@@ -429,9 +467,14 @@ def test_dom_numbers_match_the_summary_tables(browser_page, run):
     for c in cells:
         row = dom_cells[c["cell_id"]]
         assert row[1] == c["status"]
-        assert row[3] == _pct(c["accuracy"]) and row[7] == str(c["generated_tokens"])
-        assert row[4:7] == [str(c["n_stopped"]), str(c["n_no_answer"]), str(c["n_sandbox_errors"])]
-        assert row[10].rstrip("…") == c["token_stream_sha256"][:16]
+        unmeasured = c["n_cut_no_answer"] > c["n_prompts"] / 2
+        assert row[3] == ("not measured" if unmeasured else _pct(c["accuracy"]))
+        assert row[8] == str(int(c["generated_tokens"]))
+        assert row[4:7] == [str(int(c["n_stopped"])), str(int(c["n_no_answer"])), str(int(c["n_sandbox_errors"]))]
+        cut = (f"{int(c['n_cut'])} ({int(c['n_cut_no_answer'])} no answer) at {int(c['max_new_tokens'])}"
+               if c["n_cut"] else "0")
+        assert row[7] == cut
+        assert row[11].rstrip("…") == c["token_stream_sha256"][:16]
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -465,11 +508,13 @@ def test_csv_tables_match_the_rendered_dom(browser_page, run):
     tables = run["report"].parent / "tables"
     kv = _read_csv(tables / "kv_cache.csv")
     dom_kv = browser_page["page"]["tables"]["kv-table"]["rows"]
-    assert [(r[3], r[5], r[9]) for r in dom_kv] == [
-        (r["precision"], f"{r['n_diverged']} / {r['n_prompts']}", _fmt(float(r["max_abs_dlogit"]))) for r in kv]
+    assert [(r[2], r[4], r[6], r[10]) for r in dom_kv] == [
+        (r["engine"], r["precision"], f"{int(float(r['n_diverged']))} / {int(float(r['n_prompts']))}",
+         _fmt(float(r["max_abs_dlogit"])))
+        for r in kv]
     precision = _read_csv(tables / "precision.csv")
     dom_prec = browser_page["page"]["tables"]["precision-table"]["rows"]
-    assert [r[5].split(" ")[0] for r in dom_prec] == [_pct(float(r["exact_agreement"])) for r in precision]
+    assert [r[6].split(" ")[0] for r in dom_prec] == [_pct(float(r["exact_agreement"])) for r in precision]
 
 
 # ------------------------------------------------------------------- a large study's report
@@ -535,6 +580,7 @@ def large_report(tmp_path_factory) -> dict[str, Any]:
 
     root = tmp_path_factory.mktemp("large-report")
     config = report_scale.write_synthetic_summaries(root / "summary")
+    _write_synthetic_diverged(root / "summary")
     t0 = time.monotonic()
     report = render(root / "summary", root / "report" / "index.html", config)
     return {"report": report, "summary": root / "summary", "seconds": time.monotonic() - t0}
@@ -574,9 +620,41 @@ def large_page(chromium, large_report, tmp_path_factory) -> dict[str, Any]:
             "problems": page_problems(events, url), "png": base64.b64decode(shot["data"])}
 
 
+def _write_synthetic_diverged(summary: Path) -> None:
+    """The synthetic study's diverged prompts as text: every first-divergence row with two
+    completions of about 500 tokens (2,000 characters) and a top-8 on both sides."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from tokenflip import storage
+    from tokenflip.completions import COLUMNS
+
+    first = pq.read_table(summary / "first_divergence.parquet").to_pandas()
+    topk = json.dumps([[f" tok{i}", i, 10.0 - i / 8] for i in range(8)])
+    rows = first.assign(a="fp16", b="bf16", engine="transformers", step=first["first_div_step"].astype(int),
+                        prefix_chars=700, token_a=" She", token_b=" Every",
+                        text_a="Janet's ducks lay 16 eggs per day. " * 20 + " She" + " eats three for breakfast " * 52,
+                        text_b="Janet's ducks lay 16 eggs per day. " * 20 + " Every" + " morning she bakes " * 72,
+                        token_id_a=0, token_id_b=1, margin_a=0.01, margin_b=0.02,
+                        topk_a=topk, topk_b=topk, correct_a=True, correct_b=False, verdict_a="right",
+                        verdict_b="wrong", extracted_a="18", extracted_b="16", finish_a="eos", finish_b="length",
+                        n_tokens_a=500, n_tokens_b=512)
+    frame = rows.reindex(columns=COLUMNS)
+    storage.write_table(pa.Table.from_pandas(pd.DataFrame(frame), preserve_index=False),
+                        summary / "diverged.parquet", {"kind": "summary", "table": "diverged", "run": "large"})
+
+
 def test_large_report_renders_within_its_size(large_report):
     # Its render time is a goal of perf/report_scale.py (a ratio-free budget there), not asserted here.
+    # Every diverged prompt is in tables/diverged.csv; the page shows a bounded number as text.
+    from tokenflip.report.diverged import INDEX_ROWS, SHOWN_IN_ALL
+
     assert large_report["report"].stat().st_size < 10e6
+    html = large_report["report"].read_text()
+    diverged = pq.read_metadata(large_report["summary"] / "diverged.parquet").num_rows
+    assert diverged > INDEX_ROWS and html.count('<div class="diverged-prompt">') == SHOWN_IN_ALL
+    with open(large_report["report"].parent / "tables" / "diverged.csv", newline="") as fh:
+        assert sum(1 for _ in csv.DictReader(fh)) == diverged
     pairs = pq.read_metadata(large_report["summary"] / "pairs.parquet").num_rows
     cells = pq.read_metadata(large_report["summary"] / "cells.parquet").num_rows
     assert (cells, pairs) == (960, 1520)
@@ -653,3 +731,149 @@ def test_long_tables_are_folded_with_their_row_count_and_open_sortable(browser_p
 def test_the_navigation_stays_in_view_while_scrolling(browser_page):
     nav = browser_page["first"]["navAtEnd"]
     assert nav["scrolled"] > 1000 and nav["top"] == 0 and nav["height"] > 10, nav
+
+
+# ------------------------------------------------------------ what changed, as text
+
+
+def _diverged_rows(run) -> list[dict[str, Any]]:
+    return pq.read_table(run["summary"] / "diverged.parquet").to_pylist()
+
+
+def test_diverged_texts_are_the_prepared_tokenizers_decoding_of_the_stored_ids(run):
+    """No browser needed: every diverged prompt's two texts, split at the first differing
+    token, are exactly the prepared tokenizer's decoding of the ids the cells stored (and
+    the text the cells scored); the candidates are the stored top-k of that step."""
+    from tokenflip import completions, storage
+    from tokenflip.layout import RunLayout
+    from tokenflip.models import load_tokenizer
+
+    rows = _diverged_rows(run)
+    first_div = pq.read_table(run["summary"] / "first_divergence.parquet").to_pylist()
+    assert rows and sorted((r["pair_id"], r["prompt_id"], r["step"]) for r in rows) == sorted(
+        (r["pair_id"], r["prompt_id"], r["first_div_step"]) for r in first_div)
+    layout = RunLayout(run["config"]["run"], root=str(run["root"]))
+    pairs = {p["pair_id"]: p for p in pq.read_table(run["summary"] / "pairs.parquet").to_pylist()}
+    tokenizers = {}
+    for row in rows:
+        row.update(completions.parts(row))
+        pair = pairs[row["pair_id"]]
+        tokenizer = tokenizers.setdefault(pair["model"], load_tokenizer(layout.model_dir(pair["model"])))
+        cells = {}
+        for side in "ab":
+            table, _ = storage.read_cell(layout.cell(pair[f"cell_{side}"]))
+            cells[side] = next(r for r in table.to_pylist() if r["prompt_id"] == row["prompt_id"])
+        step = row["step"]
+        assert cells["a"]["token_ids"][:step] == cells["b"]["token_ids"][:step]
+        assert cells["a"]["token_ids"][step:step + 1] != cells["b"]["token_ids"][step:step + 1]
+        for side in "ab":
+            stored = cells[side]
+            decoded = tokenizer.decode(stored["token_ids"], skip_special_tokens=True)
+            assert row["prefix"] + row[f"token_{side}"] + row[f"rest_{side}"] == decoded == row[f"text_{side}"]
+            assert decoded == stored["text"]
+            assert row[f"token_id_{side}"] == stored["token_ids"][step]
+            assert [c[1] for c in json.loads(row[f"topk_{side}"])] == list(stored["top_ids"][step])
+            assert [c[0] for c in json.loads(row[f"topk_{side}"])] == [
+                tokenizer.decode([i], skip_special_tokens=True) for i in stored["top_ids"][step]]
+    written = _read_csv(run["report"].parent / "tables" / "diverged.csv")
+    assert sorted((r["pair_id"], r["prompt_id"], r["text_a"], r["text_b"]) for r in written) == sorted(
+        (r["pair_id"], r["prompt_id"], r["text_a"], r["text_b"]) for r in rows)
+
+
+def _headline(html: str) -> list[str]:
+    block = re.search(r'<section id="headline">(.*?)</section>', html, re.S).group(1)
+    return [_text(li) for li in re.findall(r"<li>(.*?)</li>", block, re.S)]
+
+
+def _text(fragment: str) -> str:
+    """An HTML fragment's text, as the browser shows it (tags dropped, entities decoded,
+    white space collapsed)."""
+    return re.sub(r"\s+", " ", markup.unescape(re.sub(r"<[^>]+>", "", fragment))).strip()
+
+
+def test_a_study_whose_completions_are_all_cut_says_so(run):
+    """The tiny random model never stops (a base model's habit): every completion is cut at
+    max_new_tokens before any answer, and the findings, the accuracies and "same answer" say so."""
+    cells = pq.read_table(run["summary"] / "cells.parquet").to_pylist()
+    assert all(c["n_cut"] == c["n_cut_no_answer"] == c["n_prompts"] for c in cells), cells
+    limit = run["config"]["benchmarks"]["arith"]["max_new_tokens"]
+    html = run["report"].read_text()
+    assert _headline(html)[0] == (
+        f"In {len(cells)} of {len(cells)} cells most completions were cut at the token limit ({limit} tokens) "
+        "before any answer: their accuracy is not measured (the Cells table's \"cut\" column; raise max_new_tokens).")
+    pairs = [p for p in pq.read_table(run["summary"] / "pairs.parquet").to_pylist() if p["status"] == "done"]
+    assert all(p["n_agree_without_answer"] == p["n_prompts"] for p in pairs)
+    assert html.count("with no answer on either side)") == len(pairs)
+    assert html.count('<small class="cut"') == 2 * len(pairs) + len(cells)
+
+
+def _table_rows(html: str, table_id: str) -> list[list[str]]:
+    body = re.search(rf'<table id="{table_id}">.*?<tbody>(.*?)</tbody>', html, re.S).group(1)
+    return [[_text(td) for td in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+            for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+
+
+def test_an_engines_study_never_pools_two_engines(run, tmp_path):
+    """The KV-cache table and bullets of a study with two engines: an engine column, and one
+    bullet per model, engine and precision (rendered from the tiny run's summaries with each
+    cache pair's row repeated as another engine's)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from tokenflip import storage
+    from tokenflip.report import render
+
+    summary = tmp_path / "summary"
+    shutil.copytree(run["summary"], summary)
+    table, meta = storage.read_table(summary / "pairs.parquet")
+    pairs = table.to_pandas()
+    other = pairs[pairs["axis"] == "cache"].assign(engine="llama.cpp", n_diverged=1,
+                                                   pair_id=lambda d: d["pair_id"] + "-llama.cpp")
+    storage.write_table(pa.Table.from_pandas(pd.concat([pairs, other], ignore_index=True), preserve_index=False),
+                        summary / "pairs.parquet", {k: meta[k] for k in ("kind", "table", "run")})
+    html = render(summary, tmp_path / "index.html", run["config"]).read_text()
+    kv = _table_rows(html, "kv-table")
+    assert sorted((r[2], r[4]) for r in kv) == sorted(
+        [("transformers", p) for p in pairs.loc[pairs["axis"] == "cache", "precision"]]
+        + [("llama.cpp", p) for p in other["precision"]])
+    claims = re.search(r'<ul class="headline" id="kv-claims">(.*?)</ul>', html, re.S).group(1)
+    bullets = [_text(li) for li in re.findall(r"<li[^>]*>(.*?)</li>", claims, re.S)]
+    per_group = [b for b in bullets if " prompts diverged;" in b]
+    assert {b.split(":")[0] for b in per_group} == {f"tiny-llama, {e}, {p}" for e in ("transformers", "llama.cpp")
+                                                     for p in set(pairs.loc[pairs["axis"] == "cache", "precision"])}
+    lines = [line for line in _headline(html) if line.startswith("KV cache on vs off")]
+    assert len(lines) == 2 and sum("inference engine llama.cpp" in line for line in lines) == 1, lines
+
+
+def test_a_diverged_pair_opens_side_by_side_from_the_pairs_table(browser_page, run):
+    from tokenflip.completions import parts
+    from tokenflip.report.diverged import PREFIX_CHARS, visible
+
+    got = browser_page["diverged"]
+    assert got["hash"].startswith("#diverged-") and got["open"] and abs(got["top"]) < 60, got
+    rows = sorted((r for r in _diverged_rows(run) if r["pair_id"] == got["pair"]),
+                  key=lambda r: (r["step"], r["prompt_id"]))
+    pair = next(p for p in pq.read_table(run["summary"] / "pairs.parquet").to_pylist() if p["pair_id"] == got["pair"])
+    assert got["linkText"] == str(pair["n_diverged"]) == str(len(rows))
+    first = {**rows[0], **parts(rows[0])}
+    assert f"prompt {first['prompt_id']} · parted at step {first['step']}" in re.sub(r"\s+", " ", got["head"])
+    for side, shown in zip("ab", got["sides"]):
+        assert shown["label"] == f"{side}: {first[side]}"
+        assert shown["prefix"] == first["prefix"][-PREFIX_CHARS:]
+        assert shown["mark"] == (first[f"token_{side}"] or "(ended)") and shown["markVisible"]
+        assert first[f"rest_{side}"].startswith(shown["rest"])
+    candidates = json.loads(first["topk_a"])
+    assert [row[1] for row in got["candidates"]] == [visible(c[0]) for c in candidates]
+    assert [row[2] for row in got["candidates"]] == [_fmt(c[2], 4) for c in candidates]
+    chosen = {index: text for index, text in got["chosen"]}
+    assert chosen[1] == visible(next(c[0] for c in candidates if c[1] == first["token_id_a"]))
+    assert chosen[3] == visible(next(c[0] for c in json.loads(first["topk_b"]) if c[1] == first["token_id_b"]))
+
+
+def test_every_section_has_a_screenshot_at_1280_by_900(browser_page, artifacts_dir):
+    sections = browser_page["sections"]
+    assert {"headline", "pairs", "diverged", "cells", "provenance"} <= set(sections), list(sections)
+    for name, png in sections.items():
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert int.from_bytes(png[16:20], "big") == VIEWPORT[0] and int.from_bytes(png[20:24], "big") == VIEWPORT[1]
+        (artifacts_dir / f"report-section-{name}.png").write_bytes(png)

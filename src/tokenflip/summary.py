@@ -21,12 +21,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import compare, storage
+from . import compare, completions, storage
 from .jobs import COMPARABLE_AXES, Cell, Pair
 from .layout import RunLayout
 from .plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
 
-BASE_TABLES = ("cells", "pairs", "first_divergence", "interventions", "environment")
+BASE_TABLES = ("cells", "pairs", "first_divergence", "diverged", "interventions", "environment")
 
 
 class ResultError(ValueError):
@@ -132,6 +132,7 @@ def cell_row(cell: Cell, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any
         n_scored=int(len(acc)), n_sandbox_errors=int((verdicts == "sandbox_error").sum()),
         n_no_answer=int(verdicts.isin(["no_answer", "no_code"]).sum()),
         n_stopped=int(pc.sum(pc.equal(table.column("finish_reason"), "stop")).as_py() or 0),
+        **completions.truncation(table, meta),
         generated_tokens=int(steps),
         max_prompt_tokens=int(pc.max(pc.list_value_length(table.column("prompt_ids"))).as_py() or 0),
         wall_seconds=float(meta["wall_seconds"]), compute_seconds=seconds,
@@ -222,7 +223,8 @@ def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, d
                 # the file's stored summary: a pair file made by an earlier tokenflip (whose
                 # summary lacks a newer figure) then reports like a new one.
                 row.update(status="done", **compare.summarize(table), machine_a=meta["machines"]["a"],
-                           machine_b=meta["machines"]["b"])
+                           machine_b=meta["machines"]["b"],
+                           n_agree_without_answer=completions.answerless_agreements(table.to_pandas()))
                 df = table.select(["prompt_id", "identical", "first_div_step", "margin_a_at_div",
                                    "margin_b_at_div"]).to_pandas()
                 agreement[pair.id] = df.set_index("prompt_id")[["identical"]].rename(columns={"identical": "agree"})
@@ -366,12 +368,15 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
     cells, metas = cell_rows(config, layout, checked, planned_cells)
     cells_df = pd.DataFrame(cells)
     pairs, first_div, agreement = pair_rows(config, layout, metas, checked, planned_pairs)
+    first_div = pd.DataFrame(first_div, columns=[
+        "pair_id", "label", "axis", "context", "model", "benchmark", "prompt_id", "first_div_step",
+        "margin_a_at_div", "margin_b_at_div"])
+    diverged = completions.diverged_frame(planned_pairs, first_div, layout, metas, checked.refuse)
     frames = {
         "cells": cells_df,
         "pairs": pd.DataFrame(pairs),
-        "first_divergence": pd.DataFrame(first_div, columns=[
-            "pair_id", "label", "axis", "context", "model", "benchmark", "prompt_id", "first_div_step",
-            "margin_a_at_div", "margin_b_at_div"]),
+        "first_divergence": first_div,
+        "diverged": diverged,
         "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df, metas, planned_pairs)),
         "environment": pd.DataFrame(environment_rows(metas), columns=["kind", "name", "json"]),
         **probe_frames(config, layout, checked, planned_pairs),

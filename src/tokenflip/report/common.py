@@ -63,6 +63,29 @@ MAX_MODEL_STYLES = 4
 MAX_VECTOR_POINTS = 2000
 
 
+# One colour per condition across the page: a precision (or any other value a figure's hue
+# takes) is drawn in the same colour in every figure; values without a fixed colour take the
+# next free one of the cycle in sorted order.
+CONDITION_COLOURS = {"fp32": "#1f77b4", "bf16": "#2ca02c", "fp16": "#d62728", "fp64": "#7f7f7f"}
+_CYCLE = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31")
+
+
+def palette(values: Any) -> dict[str, str]:
+    """{value: colour} for the values a figure's hue takes (see CONDITION_COLOURS)."""
+    out, free = {}, iter(c for c in _CYCLE * 8)
+    for value in sorted({str(v) for v in values}):
+        out[value] = CONDITION_COLOURS.get(value) or next(free)
+    return out
+
+
+def legend_outside(ax) -> None:
+    """The legend right of the axes, never over the data."""
+    import seaborn as sns
+
+    if ax.get_legend() is not None:
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+
+
 def _model_style(data: pd.DataFrame) -> str | None:
     """One line style per model for a few models; above that the lines pool the models
     (the overview's heatmaps show them one by one)."""
@@ -112,9 +135,10 @@ def condition_labels(rows: pd.DataFrame) -> pd.Series:
 
 def in_words(values: dict[str, Any], plain: bool = True) -> str:
     """A pair's shared settings as a reader says them ("bf16, cache on, batch size 1, greedy,
-    engine llama.cpp"): the compared axis (None) left out, the further axes only where they
-    are not at their default (and with `plain=False` greedy decoding and no intervention
-    too). The file-name form stays in the tables' shared-settings column."""
+    inference engine llama.cpp, KV cache stored in FP8 E5M2"): the compared axis (None) left
+    out, the further axes only where they are not at their default (and with `plain=False`
+    greedy decoding and no intervention too). The file-name form stays in the tables'
+    shared-settings column."""
     from ..jobs import EXTRA_AXES, NAME_AXES
 
     def given(v: Any) -> bool:
@@ -136,9 +160,46 @@ def in_words(values: dict[str, Any], plain: bool = True) -> str:
             continue
         else:
             parts.append(str(v))
-    parts += [f"{axis.replace('_', ' ')} {values[axis]}" for axis, default in EXTRA_AXES.items()
+    parts += [value_words(axis, values[axis]) for axis, default in EXTRA_AXES.items()
               if given(values.get(axis)) and str(values[axis]) != str(default)]
     return ", ".join(parts)
+
+
+# What an axis and its values mean, for readers who do not know the config's names.
+AXIS_WORDS = {"precision": "precision", "cache": "KV cache", "batch_size": "batch size", "decoding": "decoding",
+              "intervention": "intervention", "attention": "attention kernel", "threads": "CPU threads",
+              "device": "device", "deterministic": "deterministic algorithms", "repeat": "the same cell run again",
+              "prefill_chunk": "chunked prefill", "prefix_cache": "prefix caching",
+              "kv_dtype": "KV cache storage format", "cache_impl": "KV cache implementation",
+              "compile": "compiled forward pass", "engine": "inference engine"}
+KV_DTYPE_WORDS = {"default": "KV cache kept in the compute precision", "fp8_e4m3": "KV cache stored in FP8 E4M3",
+                  "fp8_e5m2": "KV cache stored in FP8 E5M2", "int4": "KV cache stored in 4-bit integers",
+                  "int8": "KV cache stored in 8-bit integers"}
+
+
+def value_words(axis: str, value: Any, interventions: dict[str, Any] | None = None) -> str:
+    """One setting as a reader says it: "KV cache stored in FP8 E5M2", "prompt prefilled 16
+    tokens at a time", "inference engine llama.cpp", "C_gated (the LM head recomputed in
+    fp32, gated by margin < τ)" (with the config's `interventions` block)."""
+    value = _batch(value) if axis == "batch_size" else str(value)
+    if axis == "kv_dtype":
+        return KV_DTYPE_WORDS.get(value, f"KV cache stored as {value}")
+    if axis == "prefill_chunk":
+        return "prompt prefilled at once" if value == "default" else f"prompt prefilled {value} tokens at a time"
+    if axis == "cache":
+        return f"KV cache {value}"
+    if axis == "intervention":
+        spec = (interventions or {}).get(value, {})
+        if value == "none" or not spec:
+            return "no intervention" if value == "none" else f"intervention {value}"
+        kind = spec.get("kind")
+        if kind == "fp32_head":
+            gate = f"gated by margin < {spec.get('tau', 1e-3)}" if spec.get("gated", True) else "on every step"
+            return f"{value} (the LM head recomputed in fp32, {gate})"
+        return f"{value} ({kind})"
+    if axis in ("precision", "decoding"):
+        return value
+    return f"{AXIS_WORDS.get(axis, axis.replace('_', ' '))} {value}"
 
 
 def _batch(size: Any) -> str:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import pandas as pd
 import seaborn as sns
 
-from .common import in_words, MAX_PAIR_ROWS, MAX_VECTOR_POINTS, WHOLE_PATCHES, _model_style, _svg, condition_labels
+from .common import (
+    in_words, legend_outside, palette, _batch, MAX_PAIR_ROWS, MAX_VECTOR_POINTS, WHOLE_PATCHES, _model_style, _svg,
+    condition_labels)
 
 
 def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str | None:
@@ -22,7 +25,7 @@ def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str
         order = sorted(data["condition"].unique())
         fig, ax = plt.subplots(figsize=(6, 0.35 * len(order) + 1.0))
         sns.boxplot(data=data, x="first_div_step", y="condition", order=order, hue="axis", showfliers=False,
-                    ax=ax, dodge=False)
+                    ax=ax, dodge=False, palette=palette(data["axis"]))
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False)
         ax.set_xlabel("first divergence step (generated tokens), all pairs of each condition")
         ax.set_ylabel("")
@@ -33,7 +36,7 @@ def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str
     data = first_div.assign(pair=first_div["pair_id"].map(labels))
     fig, ax = plt.subplots(figsize=(6, 0.5 * len(order) + 1.0))
     sns.stripplot(data=data, x="first_div_step", y="pair", order=[labels[p] for p in order],
-                  hue="axis", jitter=0.15, size=5, ax=ax, legend=True)
+                  hue="axis", jitter=0.15, size=5, ax=ax, legend=True, palette=palette(first_div["axis"]))
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ax.set_xlabel("first divergence step (generated tokens)")
     ax.set_ylabel("")
@@ -46,8 +49,11 @@ def margin_figure(first_div: pd.DataFrame) -> str | None:
     if data.empty:
         return None
     fig, ax = plt.subplots(figsize=(6, 3))
-    sns.histplot(data=data, x="margin_a_at_div", hue="axis", bins=30, log_scale=(False, False), ax=ax)
-    ax.set_xlabel("top-2 margin at the divergence step (side a, logits)")
+    sns.histplot(data=data, x="margin_a_at_div", hue="axis", bins=30, log_scale=(False, False), ax=ax,
+                 palette=palette(first_div["axis"]))
+    legend_outside(ax)
+    ax.set_xlabel("top-1 minus top-2 logit at the divergence step (side a; 0: a tie)")
+    ax.set_ylabel("diverged prompts")
     return _svg(fig)
 
 
@@ -57,9 +63,10 @@ def _kl_lines(data: pd.DataFrame, hue: str, label: str) -> str:
     data = data.assign(kl_plot=data["kl"].clip(lower=1e-20))
     fig, ax = plt.subplots(figsize=(7, 3.2))
     sns.lineplot(data=data, x="step", y="kl_plot", hue=hue, style=_model_style(data),
-                 errorbar=("pi", 100), estimator="median", ax=ax)
+                 errorbar=("pi", 100), estimator="median", ax=ax, palette=palette(data[hue]))
     ax.set_yscale("log")
-    ax.set_ylabel(f"{label} per step (median, range)")
+    legend_outside(ax)
+    ax.set_ylabel(f"{label} per step (median, range;\nKL = 0 drawn at 10⁻²⁰)")
     ax.set_xlabel("generated token")
     return _svg(fig)
 
@@ -94,7 +101,8 @@ def flip_kl_figure(steps: pd.DataFrame) -> str | None:
         ax.axhline(float(flips["max_abs_dlogit"].max()), color="gray", ls="--", lw=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("KL(ON‖OFF) at the step")
+    legend_outside(ax)
+    ax.set_xlabel("KL(ON‖OFF) at the step (KL = 0 drawn at 10⁻²⁰)")
     ax.set_ylabel("top-2 margin (cache ON)")
     return _svg(fig)
 
@@ -106,9 +114,12 @@ def drift_figure(layers: pd.DataFrame) -> str | None:
     data = layers.groupby(["model", "precision", "layer"], as_index=False)["l2"].mean()
     data = data.assign(l2_plot=data["l2"].clip(lower=1e-12))
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    sns.lineplot(data=data, x="layer", y="l2_plot", hue="precision", style=_model_style(data), marker="o", ax=ax)
+    sns.lineplot(data=data, x="layer", y="l2_plot", hue="precision", style=_model_style(data), marker="o", ax=ax,
+                 palette=palette(data["precision"]))
     ax.set_yscale("log")
-    ax.set_ylabel("mean ‖h_ON − h_OFF‖₂ over steps and prompts")
+    legend_outside(ax)
+    ax.set_ylabel("mean ‖h_ON − h_OFF‖₂\n(0 drawn at 10⁻¹²)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _svg(fig)
 
 
@@ -124,13 +135,18 @@ def patching_figure(patching: pd.DataFrame) -> str | None:
     data = data.assign(recovered=100 * data["kl_recovered"])
     fig, (whole_ax, layer_ax) = plt.subplots(1, 2, figsize=(9, 3.2), gridspec_kw={"width_ratios": [1, 2]})
     whole = data[data["kind"].isin(WHOLE_PATCHES)]
+    colours = palette(data["precision"])
     sns.barplot(data=whole, x="kind", y="recovered", hue="precision", order=list(WHOLE_PATCHES),
-                estimator="median", errorbar=None, ax=whole_ax)
+                estimator="median", errorbar=None, ax=whole_ax, palette=colours, saturation=1)
     whole_ax.set_xlabel("")
     whole_ax.set_ylabel("KL recovered (%, median)")
     per_layer = data[data["kind"].isin(["residual layer", "kv layer"])]
     sns.lineplot(data=per_layer, x="layer", y="recovered", hue="precision", style="kind", estimator="median",
-                 errorbar=None, marker="o", ax=layer_ax)
+                 errorbar=None, marker="o", ax=layer_ax, palette=colours)
+    legend_outside(layer_ax)
+    if whole_ax.get_legend() is not None and layer_ax.get_legend() is not None:
+        whole_ax.get_legend().remove()   # the precisions' colours are in the right-hand legend
+    layer_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     layer_ax.set_ylabel("KL recovered (%, median)")
     for ax in (whole_ax, layer_ax):
         ax.axhline(100, color="grey", linewidth=0.6)
@@ -142,10 +158,11 @@ def intervention_figure(interventions: pd.DataFrame) -> str | None:
     data = interventions[interventions["status"] == "done"] if not interventions.empty else interventions
     if data.empty or data["intervention"].nunique() < 2:
         return None
-    data = data.assign(condition=data["a"] + " vs " + data["b"] + ", " + data["batch_size"].astype(str))
+    data = data.assign(condition=data["a"] + " vs " + data["b"] + ", batch size " + data["batch_size"].map(_batch))
     fig, ax = plt.subplots(figsize=(7, 3.2))
     sns.barplot(data=data, x="intervention", y="ear", hue="condition", errorbar=None, ax=ax)
     ax.set_ylim(0, 1.05)
+    legend_outside(ax)
     ax.set_ylabel("exact agreement rate (EAR)")
     return _svg(fig)
 

@@ -11,7 +11,8 @@ import jinja2
 import pandas as pd
 
 from .. import paper, storage
-from .common import in_words, _fmt, _pct, _read_optional
+from .common import AXIS_WORDS, KV_DTYPE_WORDS, in_words, value_words, _fmt, _pct, _read_optional
+from .diverged import diverged_view, outcome, visible
 from .figures import (
     batch_figure, drift_figure, first_divergence_figure, flip_kl_figure, form_kl_figure, intervention_figure,
     kl_figure, lens_figure, margin_figure, patching_figure, precision_drift_figure)
@@ -28,6 +29,9 @@ _TEMPLATES = jinja2.Environment(
 )
 _TEMPLATES.filters["fmt"] = _fmt
 _TEMPLATES.filters["pct"] = _pct
+_TEMPLATES.filters["visible"] = visible
+_TEMPLATES.filters["shown"] = lambda v: "–" if v is None else ", ".join(map(str, v)) if isinstance(v, list) else v
+_TEMPLATES.filters["answer_words"] = lambda correct, verdict: outcome(correct, verdict, None, 0)
 
 
 def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any],
@@ -38,6 +42,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     first_div, _ = storage.read_table(summary_dir / "first_divergence.parquet")
     cells_df, pairs_df, first_df = cells.to_pandas(), pairs.to_pandas(), first_div.to_pandas()
     done_pairs = pairs_df[pairs_df["status"] == "done"] if not pairs_df.empty else pairs_df
+    unmeasured = _unmeasured(cells_df)
     environment = _environment(_read_optional(summary_dir / "environment.parquet"))
     kv_steps = _read_optional(summary_dir / "kv_steps.parquet")
     kv_layers = _read_optional(summary_dir / "kv_layers.parquet")
@@ -55,7 +60,9 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         title=(title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}")
         + (" (partial: some jobs failed)" if partial else ""),
         run=config["run"],
-        headline=_headline(done_pairs),
+        headline=_truncation_lines(cells_df, unmeasured) + _headline(done_pairs, config.get("interventions")),
+        unmeasured=unmeasured,
+        **diverged_view(_read_optional(summary_dir / "diverged.parquet"), pairs_df),
         **paper_placement(paper.comparison_rows(
             paper.Tables(pairs=pairs_df, interventions=interventions_df, first_divergence=first_df, cells=cells_df,
                          kv_steps=kv_steps, kv_layers=kv_layers, kv_patching=kv_patching,
@@ -96,6 +103,9 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         probe_flips=int(kv_steps["flip"].sum()) if not kv_steps.empty else 0,
         probe_steps=len(kv_steps),
         environment=environment,
+        cpu_features=cpu_features(environment.get("device", {})),
+        axis_words=AXIS_WORDS,
+        kv_dtype_words=KV_DTYPE_WORDS,
         overview=overview_figures(pairs_df, interventions_df, {
             "kv_layers": kv_layers, "precision_layers": prec_layers, "precision_grafting": grafting,
             "precision_lens": lens}),
@@ -142,11 +152,13 @@ def write_tables(context: dict[str, Any], out_dir: str | Path) -> list[Path]:
     for key, name in _table_files(context).items():
         path = out_dir / name
         rows = context.get(key)
-        if not isinstance(rows, list) or not rows:
+        if isinstance(rows, pd.DataFrame):
+            rows = rows if not rows.empty else []
+        if not isinstance(rows, (list, pd.DataFrame)) or not len(rows):
             path.unlink(missing_ok=True)
             continue
         with storage.atomic_path(path) as tmp:
-            pd.DataFrame(rows).to_csv(tmp, index=False)
+            (rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)).to_csv(tmp, index=False)
         written.append(path)
     for stale in out_dir.glob("*.csv"):
         if stale not in written:
@@ -176,25 +188,89 @@ def paper_placement(rows: list[dict[str, str]]) -> dict[str, Any]:
     return {"paper_rows": shown, "paper_first": bool(reproduced), "paper_total": len(rows)}
 
 
-def _headline(pairs: pd.DataFrame) -> list[str]:
-    """One line per comparison, the most diverging first: how many prompts parted (with the
-    interval), under which settings (in words), and whether the logits had moved before."""
+def pair_words(axis: str, a: Any, b: Any, interventions: dict[str, Any] | None = None) -> str:
+    """What a comparison changes, in words ("KV cache stored in FP8 E5M2 vs KV cache kept in
+    the compute precision (kv_dtype)", "batch size 1 vs 4")."""
+    if axis in ("kv_dtype", "prefill_chunk", "intervention"):
+        return (f"{value_words(axis, a, interventions)} vs {value_words(axis, b, interventions)} "
+                f"({axis})")
+    return f"{AXIS_WORDS.get(axis, axis)} {a} vs {b}"
+
+
+def _headline(pairs: pd.DataFrame, interventions: dict[str, Any] | None = None) -> list[str]:
+    """One line per comparison and engine (never pooled over engines), the most diverging
+    first: how many prompts parted (with the interval), under which model, benchmark and
+    settings (in words), and how far the logits had moved before (or, where no token
+    changed, at all)."""
     if pairs.empty:
         return ["No comparison finished."]
     lines = []
-    for (axis, a, b), group in pairs.groupby(["axis", "a", "b"], sort=True):
-        n = int(group["n_prompts"].sum())
-        d = int(group["n_diverged"].sum())
+    keys = ["axis", "a", "b", *(["engine"] if "engine" in pairs else [])]
+    for key, group in pairs.groupby(keys, sort=True, dropna=False):
+        axis, a, b = key[:3]
+        n, d = int(group["n_prompts"].sum()), int(group["n_diverged"].sum())
         worst = group.sort_values("divergence_rate", ascending=False).iloc[0]
-        where = in_words(worst.to_dict(), plain=False)
+        where = ", ".join(filter(None, (f"{worst['model']} on {worst['benchmark']}",
+                                        in_words(worst.to_dict(), plain=False))))
         ci = f"95% CI {_pct(worst['divergence_ci_low'])}–{_pct(worst['divergence_ci_high'])}"
-        spread = (f"at {where} ({ci})" if len(group) == 1 else
-                  f"over {len(group)} pairs, most at {where}: {_pct(worst['divergence_rate'])} ({ci})")
-        lines.append((d / n if n else 0.0, f"{axis} {a} vs {b}: {d} of {n} prompts diverged "
-                      f"({_pct(d / n if n else float('nan'))}) {spread}; logits moved before the first flip on "
-                      f"{int(group['n_logit_diff_before_div'].sum())} of {n}, max |Δlogit| "
-                      f"{_fmt(float(group['max_abs_dlogit'].max()))}."))
+        models = group["model"].nunique()
+        if len(group) == 1:
+            spread = f"({where}; {ci})"
+        elif d:
+            spread = (f"over {len(group)} pairs ({models} model{'s' if models > 1 else ''}), most at {where}: "
+                      f"{_pct(worst['divergence_rate'])} ({ci})")
+        else:
+            spread = f"over {len(group)} pairs ({models} model{'s' if models > 1 else ''})"
+        moved, dlogit = int(group["n_logit_diff_before_div"].sum()), _fmt(float(group["max_abs_dlogit"].max()))
+        logits = (f"logits had moved before the first differing token on {moved} of {n}, max |Δlogit| {dlogit}"
+                  if d else f"no token changed; logits differed on {moved} of {n}, max |Δlogit| {dlogit}")
+        lines.append((d / n if n else 0.0, f"{pair_words(axis, a, b, interventions)}: {d} of {n} prompts diverged "
+                      f"({_pct(d / n if n else float('nan'))}) {spread}; {logits}."))
     return [line for _, line in sorted(lines, key=lambda x: -x[0])]
+
+
+# A cell whose completions were cut at the token limit before any answer this often has no
+# measured accuracy: its "wrong" answers were never given.
+UNMEASURED_SHARE = 0.5
+# Up to this many such cells the findings name each; above it, one line gives their count.
+TRUNCATION_LINES = 2
+
+
+def _unmeasured(cells: pd.DataFrame) -> dict[str, str]:
+    """Cells whose accuracy is not measured (most completions cut before any answer):
+    cell id -> "24 of 24 cut at 48 tokens"."""
+    if cells.empty or "n_cut_no_answer" not in cells:
+        return {}
+    done = cells[(cells["status"] == "done") & (cells["n_cut_no_answer"] > UNMEASURED_SHARE * cells["n_prompts"])]
+    return {r.cell_id: f"{int(r.n_cut_no_answer)} of {int(r.n_prompts)} cut at {int(r.max_new_tokens)} tokens"
+            for r in done.itertuples()}
+
+
+def _truncation_lines(cells: pd.DataFrame, unmeasured: dict[str, str]) -> list[str]:
+    if not unmeasured:
+        return []
+    if len(unmeasured) > TRUNCATION_LINES:
+        limits = sorted({note.split(" cut at ", 1)[1] for note in unmeasured.values()})
+        return [f"In {len(unmeasured)} of {len(cells)} cells most completions were cut at the token limit "
+                f"({', '.join(limits)}) before any answer: their accuracy is not measured (the Cells table's "
+                "\"cut\" column; raise max_new_tokens)."]
+    return [f"{cell}: {note} before any answer: accuracy is not measured (raise max_new_tokens)."
+            for cell, note in unmeasured.items()]
+
+
+# The CPU extensions that decide which 16-bit kernels run (provenance.KERNEL_FLAGS holds
+# more), named in the header: the same run gives other numbers on a CPU with other ones.
+HEADER_FLAGS = {"avx2": ("avx2",), "avx512_bf16": ("avx512_bf16",), "avx512_fp16": ("avx512_fp16",),
+                "amx": ("amx_tile", "amx_bf16", "amx_int8", "amx_fp16")}
+
+
+def cpu_features(device: dict[str, Any]) -> list[tuple[str, bool]]:
+    """[(extension, present)] of the run's CPU, from its recorded cpu_flags (empty on a
+    device that recorded none, such as a GPU)."""
+    flags = device.get("cpu_flags")
+    if device.get("type") != "cpu" or not isinstance(flags, list):
+        return []
+    return [(name, any(f in flags for f in members)) for name, members in HEADER_FLAGS.items()]
 
 
 def _device_label(environment: dict[str, Any]) -> str:

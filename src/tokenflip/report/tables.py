@@ -11,7 +11,7 @@ from .common import PATCH_FIGURES, WHOLE_PATCHES, _pooled, condition_labels, gra
 
 
 def kv_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:
-    """Cache ON vs OFF per model × benchmark × decoding × precision × batch size
+    """Cache ON vs OFF per model × benchmark × engine × decoding × precision × batch size
     (paper Table: divergence, accuracy ON vs OFF, McNemar)."""
     if pairs.empty:
         return []
@@ -19,7 +19,8 @@ def kv_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:
     if cache.empty:
         return []
     cache = cache.assign(accuracy_diff=cache["accuracy_a"] - cache["accuracy_b"])
-    return cache.sort_values(["model", "benchmark", "decoding", "precision", "batch_size"]).to_dict("records")
+    keys = ["model", "benchmark", *(["engine"] if "engine" in cache else []), "decoding", "precision", "batch_size"]
+    return cache.sort_values(keys).to_dict("records")
 
 
 def kv_claims(rows: list[dict[str, Any]], probe_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -36,12 +37,15 @@ def kv_claims(rows: list[dict[str, Any]], probe_rows: list[dict[str, Any]] | Non
     out: dict[str, Any] = {"conditions": len(fp16),
                            "on_better": int((fp16["accuracy_diff"] > 0).sum()),
                            "off_better": int((fp16["accuracy_diff"] < 0).sum())}
-    for precision in ("fp16", "bf16", "fp32"):
-        sub = df[df["precision"] == precision]
-        if not sub.empty:
-            out[precision] = {"diverged": int(sub["n_diverged"].sum()), "n": int(sub["n_prompts"].sum()),
+    # One bullet per model, engine and precision: a llama.cpp row and a transformers row of the
+    # same precision (or a real and a random model) are different findings, never pooled.
+    df = df.assign(model=df.get("model", ""), engine=df.get("engine", "transformers"))
+    out["groups"] = []
+    for (model, engine, precision), sub in df.groupby(["model", "engine", "precision"], sort=True, dropna=False):
+        out["groups"].append({"model": model, "engine": engine, "precision": precision,
+                              "diverged": int(sub["n_diverged"].sum()), "n": int(sub["n_prompts"].sum()),
                               "nonequiv": int(sub["n_logit_diff_before_div"].sum()),
-                              "max_dlogit": float(sub["max_abs_dlogit"].max())}
+                              "max_dlogit": float(sub["max_abs_dlogit"].max())})
     ratios = [r for r in probe_rows or [] if r["precision"] == "fp16" and r.get("kl_vs_fp32") is not None]
     out["fp32_kl"] = [{"model": r["model"], "log10": math.log10(r["kl_vs_fp32"])} for r in ratios]
     return out
