@@ -205,15 +205,7 @@ def cmd_plan(args) -> None:
 
     config = _config(args)
     if args.cost:
-        from .cost import Device, format_cost, study_cost
-
-        given = dict(args.prompt_tokens or [])
-        unknown = sorted(set(given) - set(config["benchmarks"]))
-        if unknown:
-            raise SystemExit(f"tokenflip plan: --prompt-tokens names benchmarks the config does not define: {unknown}")
-        cost = study_cost(config, Device(args.bandwidth_gbs, args.tflops, dict(args.tokens_per_second or [])),
-                          root=args.root, prompt_tokens=given)
-        print(json.dumps(cost, indent=2, sort_keys=True) if args.json else format_cost(cost))
+        _print_cost(args, config)
         return
     cells = expand_cells(config)
     pairs = expand_pairs(config, cells)
@@ -227,6 +219,32 @@ def cmd_plan(args) -> None:
     print(f"{len(cells)} cells, {len(pairs)} pairs, {len(probes)} probe jobs", file=sys.stderr)
 
 
+def _print_cost(args, config) -> None:
+    from .cost import format_cost, study_cost
+    from .cost_model import CalibrationFileError, Device, gpu_overhead_from
+
+    given = dict(pair for group in args.prompt_tokens or [] for pair in group)
+    unknown = sorted(set(given) - set(config["benchmarks"]))
+    if unknown:
+        raise SystemExit(f"tokenflip plan: --prompt-tokens names benchmarks the config does not define: {unknown}")
+    device = Device(args.bandwidth_gbs, args.tflops)
+    if args.calibration:
+        try:
+            device.overhead_per_layer, device.overhead_source = gpu_overhead_from(args.calibration)
+        except CalibrationFileError as exc:
+            raise SystemExit(f"tokenflip plan: --calibration {exc}") from None
+    if args.device == "cpu":
+        from .calibrate import CalibrationError, calibrate
+        from .plan import expand_cells, probe_targets
+
+        try:
+            device.cpu = calibrate(config, expand_cells(config), probe_targets(config), root=args.root)
+        except CalibrationError as exc:
+            raise SystemExit(f"tokenflip plan: {exc}") from None
+    cost = study_cost(config, device, root=args.root, prompt_tokens=given)
+    print(json.dumps(cost, indent=2, sort_keys=True, default=str) if args.json else format_cost(cost))
+
+
 def _length_arg(text: str) -> tuple[str, float]:
     """BENCHMARK=N: the prompt length to assume for a benchmark."""
     name, sep, n = text.partition("=")
@@ -237,20 +255,6 @@ def _length_arg(text: str) -> tuple[str, float]:
     if not sep or not name or tokens <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected BENCHMARK=TOKENS, e.g. gsm8k=900")
     return name, tokens
-
-
-def _rate_arg(text: str) -> tuple[float, float]:
-    """SIZE=TPS, e.g. 7B=35: a decode rate (tokens/s, batch size 1, 16-bit) measured on a model of SIZE."""
-    from .cost import size_in_name
-
-    size, sep, rate = text.partition("=")
-    try:
-        params, tps = size_in_name(size.strip()), float(rate)
-    except ValueError:
-        params, tps = None, 0.0
-    if not sep or params is None or tps <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected SIZE=TOKENS_PER_SECOND, e.g. 7B=35 or 1.1B=120")
-    return params, tps
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -307,17 +311,21 @@ def _run_commands(sub) -> None:
     p = sub.add_parser("plan", help="list the cells, pairs and probe jobs a config defines (--cost: what they cost)")
     _config_args(p)
     p.add_argument("--cost", action="store_true",
-                   help="per rule and in total: jobs, prompts, generated tokens, token positions, weight bytes "
-                        "read and an estimate of GPU-hours (upper bounds: every prompt runs max_new_tokens)")
+                   help="per rule, per cell and in total: jobs, prompts, generated tokens, token positions, weight "
+                        "bytes read and device hours (docs/internals.md says which figures are bounds)")
     p.add_argument("--root", help="the working directory whose prompt checks and prepared models to read (default: .)")
-    p.add_argument("--bandwidth-gbs", type=float, default=2000.0, help="device memory bandwidth, GB/s (default 2000)")
+    p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
+                   help="gpu: roofline and per-step overhead (default); cpu: time the study's own models on this "
+                        "machine first (a short calibration) and price every job in CPU-hours")
+    p.add_argument("--bandwidth-gbs", type=float, default=2000.0, help="GPU memory bandwidth, GB/s (default 2000)")
     p.add_argument("--tflops", type=float, default=150.0,
                    help="16-bit matrix throughput reached, TFLOP/s (default 150; fp32 at an eighth)")
-    p.add_argument("--tokens-per-second", type=_rate_arg, action="append", metavar="SIZE=TPS",
-                   help="a measured decode rate at batch size 1 in 16 bits, e.g. 7B=35 (repeatable; each model "
-                        "uses the nearest size, scaled by its parameters)")
-    p.add_argument("--prompt-tokens", type=_length_arg, action="append", metavar="BENCHMARK=N",
-                   help="the prompt length to assume for a benchmark whose data is on the hub (repeatable)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="the GPU's per-step overhead: a GPU check's gpu-check.json (perf/gpu.sh), or JSON "
+                        "{\"overhead_per_layer_ms\": {\"1\": 1.0, \"8\": 1.1}}")
+    p.add_argument("--prompt-tokens", type=_length_arg, nargs="+", action="append", metavar="BENCHMARK=N",
+                   help="the prompt length to assume for a benchmark whose data is on the hub "
+                        "(`--prompt-tokens gsm8k=910 mbpp=601`, or the option repeated)")
     p.add_argument("--json", action="store_true", help="with --cost: the figures as JSON")
     p.set_defaults(func=cmd_plan)
 
