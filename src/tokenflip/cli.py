@@ -20,9 +20,19 @@ def _json_arg(text: str):
 
 
 def cmd_prepare_model(args) -> None:
-    from .models import prepare
+    from .models import ModelError, prepare
 
-    manifest = prepare(args.spec, args.out)
+    try:
+        manifest = prepare(args.spec, args.out)
+    except (OSError, ValueError) as exc:  # the hub's errors are OSErrors: say why, and what fixes it
+        if args.spec.get("source") != "hf":
+            raise
+        cause = None
+        if not Path(args.spec["id"]).is_dir():
+            from .hub_check import check_model
+
+            cause = check_model(Path(args.out).name, args.spec)
+        raise ModelError(cause or f"{args.spec['id']}: {type(exc).__name__}: {exc}") from exc
     print(json.dumps({k: manifest[k] for k in ("architecture", "num_parameters", "weights_sha256")}))
 
 

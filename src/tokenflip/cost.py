@@ -141,7 +141,7 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
     total: dict[str, float] = {k: 0 for k in ("cells", "prompts", "generated_tokens", "positions", "weight_bytes",
                                               "seconds")}
     unknown: set[tuple[str, str]] = set()
-    start = device.cpu.job_start_s if device.cpu else device.job_start_s
+    start = device.cpu.job_start_s if device.cpu else 0.0
     # llama.cpp runs on the CPU with its own kernels: counted apart, not priced.
     cpu_cells = Counter(cell.engine for cell in cells if cell.engine != TRANSFORMERS)
     for cell in cells:
@@ -164,7 +164,7 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
                                                   cell.batch_size * (limit * length + limit * (limit - 1) / 2))
                 if size is not None:
                     steps = int(expected_steps(device, cell.model, cell.benchmark, cell.batch_size, limit))
-                    figures["seconds"] = start + device.load_seconds(cell.model, size, cell.precision) + \
+                    figures["seconds"] = device.job_seconds(cell.model, size, cell.precision) + \
                         generation_seconds(device, cell.model, size, cell.precision, cell.cache == "on",
                                            cell.batch_size, batches, length, steps,
                                            config["interventions"][cell.intervention])
@@ -183,7 +183,7 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
             continue
         options = config["probes"][probe]
         steps = int(expected_steps(device, model, bench, 1, limit))
-        seconds = start + 2 * device.load_seconds(model, size, "fp32") + probe_seconds(
+        seconds = device.job_seconds(model, size, "fp32") + probe_seconds(
             device, model, size, probe, options, length, steps)
         probe_rows[f"{model}/{bench}/{probe}"] = seconds
         probe_total += seconds
@@ -227,6 +227,10 @@ TIME_BOUND = {"gpu": "the roofline is a lower bound on each pass, the per-layer 
                      "as firing every step (an upper bound)"}
 
 
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}" if seconds >= 360 else f"{seconds / 3600:.4f}"
+
+
 def _device_line(d: dict[str, Any]) -> str:
     if d["kind"] == "cpu":
         c = d["calibration"]
@@ -252,7 +256,7 @@ def format_cost(cost: dict[str, Any]) -> str:
         """One line; a figure some cells could not count is marked '+?' (a lower bound)."""
         shown = {"prompts": f"{r['prompts']:,d}", "generated_tokens": f"{r['generated_tokens']:,d}",
                  "positions": _si(r["positions"]), "weight_bytes": _si(r["weight_bytes"], "B"),
-                 "seconds": f"{r['seconds'] / 3600:.2f}"}
+                 "seconds": _hours(r["seconds"])}
         shown = {k: v + ("+?" if k in missing else "") for k, v in shown.items()}
         return (f"{name:24s} {r['cells']:6d} {shown['prompts']:>9s} {shown['generated_tokens']:>10s} "
                 f"{shown['positions']:>10s} {shown['weight_bytes']:>13s} {shown['seconds']:>10s}")
@@ -264,11 +268,11 @@ def format_cost(cost: dict[str, Any]) -> str:
     shown = priced if len(priced) <= 20 else priced[:10]
     lines.append(f"per cell ({'all' if shown is priced else f'the {len(shown)} longest of {len(priced)}'}), "
                  f"{hours}:")
-    lines += [f"  {cell}: {s / 3600:.3f}" for s, cell in shown]
-    lines.append(f"probe jobs ({cost['probes']['jobs']}): {cost['probes']['seconds'] / 3600:.2f} {hours}")
+    lines += [f"  {cell}: {_hours(s)}" for s, cell in shown]
+    lines.append(f"probe jobs ({cost['probes']['jobs']}): {_hours(cost['probes']['seconds'])} {hours}")
     if d["kind"] == "cpu":
-        lines.append(f"other jobs and the scheduler: {cost['other_jobs_seconds'] / 3600:.2f} {hours}")
-    lines.append(f"total: {cost['total_seconds'] / 3600:.2f} {hours}")
+        lines.append(f"other jobs and the scheduler: {_hours(cost['other_jobs_seconds'])} {hours}")
+    lines.append(f"total: {_hours(cost['total_seconds'])} {hours} ({cost['total_seconds']:,.0f} s)")
     for m, s in cost["sources"]["parameters"].items():
         active = (f", {_si(s['active_parameters'])} active" if s.get("active_parameters") not in
                   (None, s["parameters"]) else "")
