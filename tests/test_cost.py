@@ -222,6 +222,7 @@ def test_a_cpu_estimate_times_the_studys_own_model_here(tmp_path):
     assert calibration["prompt_tokens"]["m/onestep"]["max"] > 10
     assert calibration["length_share"]["m/onestep"] == {"mean": 1.0, "max": 1.0}  # a random model never stops
     assert "m" in calibration["prepare_s"]  # not prepared under --root: prepared (and timed) by the calibration
+    assert calibration["cell_job_s"]["m"] > calibration["job_start_s"]  # a real generation job, one token
     cells = cost["per_cell"]
     for p in ("fp32", "bf16"):
         assert cells[f"m/onestep/{p}-off-bs1-greedy-none"] > cells[f"m/onestep/{p}-on-bs1-greedy-none"] > 0

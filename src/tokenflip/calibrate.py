@@ -11,6 +11,8 @@ run, the model's preparation and load, and the start of a job's interpreter.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import resource
 import subprocess
 import sys
@@ -28,12 +30,34 @@ class CalibrationError(ValueError):
     """The study cannot be calibrated here (a model that is not on this machine)."""
 
 
-def job_start_seconds() -> float:
-    """CPU time of a fresh interpreter importing what a pipeline job imports."""
+# What Snakemake gives a job of one thread (a CPU job of the pipeline).
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+
+
+def _child_cpu_seconds(cmd: list[str]) -> float:
+    """Process CPU time (user + system) of running `cmd` with one thread."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", "import tokenflip.cli, tokenflip.cell, tokenflip.compare"], check=True)
+    subprocess.run(cmd, check=True, env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.PIPE)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def job_start_seconds() -> float:
+    """CPU time of a fresh interpreter importing what a pipeline job imports."""
+    return _child_cpu_seconds([sys.executable, "-c", "import tokenflip.cli, tokenflip.cell, tokenflip.compare"])
+
+
+def cell_job_seconds(config: dict[str, Any], cell, model_dir: Path, scratch: Path) -> float:
+    """CPU time of a whole generation job but its decoding: the cell's own `tokenflip
+    generate` on one prompt and one token in fp32 (the interpreter, imports, model and
+    tokenizer load, the benchmark, provenance and the file written)."""
+    from .plan import cell_job
+
+    job = cell_job(config, dataclasses.replace(cell, precision="fp32"))
+    job = dataclasses.replace(job, benchmark={**job.benchmark, "n": 1}, max_new_tokens=1)
+    return _child_cpu_seconds([sys.executable, "-m", "tokenflip", "generate", "--job", job.dumps(), "--model-dir",
+                               str(model_dir), "--out", str(scratch / "calibration-cell.parquet")])
 
 
 def _cpu_time(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -134,6 +158,10 @@ def calibrate(config: dict[str, Any], cells, probes, root: str | None = None,
                 log(f"calibration: {name}/{bench_name}: prompts of {cal.prompt_tokens[(name, bench_name)][0]:.0f} "
                     f"tokens on average, generations of {sum(steps) / len(steps):.1f} of {limit} steps")
             del model
+            first = next((c for c in cells if c.model == name), None)
+            if first is not None:
+                cal.cell_job_s[name] = cell_job_seconds(config, first, model_dir, Path(scratch))
+                log(f"calibration: {name}: a generation job without its decoding {cal.cell_job_s[name]:.1f} CPU-s")
             sample = prompts[benchmarks[0]][0]
             for precision in sorted(_precisions(config, name, cells, probes)):
                 model = load_prepared(model_dir, precision, "cpu")[0]

@@ -55,11 +55,12 @@ class CpuCalibration:
     prepare_s: dict[str, float] = field(default_factory=dict)
     length_share: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     prompt_tokens: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)  # mean, longest
+    cell_job_s: dict[str, float] = field(default_factory=dict)  # a generation job but its decoding
 
     def describe(self) -> dict[str, Any]:
         return {"passes": {f"{m}/{p}": {"a_ms": round(a * 1e3, 2), "b_ms_per_position": round(b * 1e3, 3)}
                            for (m, p), (a, b) in self.passes.items()},
-                "job_start_s": round(self.job_start_s, 2), "load_s": self.load_s, "prepare_s": self.prepare_s,
+                "job_start_s": round(self.job_start_s, 2), "cell_job_s": self.cell_job_s, "load_s": self.load_s, "prepare_s": self.prepare_s,
                 "length_share": {f"{m}/{b}": {"mean": round(s[0], 3), "max": round(s[1], 3)}
                                  for (m, b), s in self.length_share.items()},
                 "prompt_tokens": {f"{m}/{b}": {"mean": round(s[0], 1), "max": s[1]}
@@ -106,10 +107,13 @@ class Device:
         return max(size.head * BYTES["fp32"] / (self.bandwidth_gbs * 1e9),
                    2 * size.head * rows * FP32_SLOWDOWN / (self.tflops * 1e12), self.overhead(rows))
 
-    def load_seconds(self, model: str, size: ModelSize | None, precision: str) -> float:
+    def job_seconds(self, model: str, size: ModelSize | None, precision: str) -> float:
+        """A generation or probe job's fixed part: its start and the model's load."""
         if self.cpu:
-            return self.cpu.load_s.get(model, 0.0)
-        return 0.0 if size is None else size.total * BYTES[precision] / (self.load_gbs * 1e9)
+            if model in self.cpu.cell_job_s:
+                return self.cpu.cell_job_s[model]
+            return self.cpu.job_start_s + self.cpu.load_s.get(model, 0.0)
+        return self.job_start_s + (0.0 if size is None else size.total * BYTES[precision] / (self.load_gbs * 1e9))
 
 
 def _steps(spec: dict[str, Any]) -> list[dict[str, Any]]:
