@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .cost_model import CpuCalibration, intervention_work
+from .cost_model import CostInputError, CpuCalibration, intervention_work
 
 LENGTH_PROMPTS = 4  # prompts generated in full to measure how long generations run
 
 
-class CalibrationError(ValueError):
+class CalibrationError(CostInputError):
     """The study cannot be calibrated here (a model that is not on this machine)."""
 
 

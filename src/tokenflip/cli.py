@@ -215,7 +215,15 @@ def cmd_plan(args) -> None:
 
     config = _config(args)
     if args.cost:
-        _print_cost(args, config)
+        from .cost import format_cost, price
+        from .cost_model import CostInputError
+
+        try:
+            cost = price(config, args.device, args.bandwidth_gbs, args.tflops, args.calibration, args.root,
+                         dict(pair for group in args.prompt_tokens or [] for pair in group))
+        except CostInputError as exc:
+            raise SystemExit(f"tokenflip plan: {exc}") from None
+        print(json.dumps(cost, indent=2, sort_keys=True, default=str) if args.json else format_cost(cost))
         return
     cells = expand_cells(config)
     pairs = expand_pairs(config, cells)
@@ -227,32 +235,6 @@ def cmd_plan(args) -> None:
     for probe, model, bench in probes:
         print(f"probe {model}/{bench}/{probe}")
     print(f"{len(cells)} cells, {len(pairs)} pairs, {len(probes)} probe jobs", file=sys.stderr)
-
-
-def _print_cost(args, config) -> None:
-    from .cost import format_cost, study_cost
-    from .cost_model import CalibrationFileError, Device, gpu_overhead_from
-
-    given = dict(pair for group in args.prompt_tokens or [] for pair in group)
-    unknown = sorted(set(given) - set(config["benchmarks"]))
-    if unknown:
-        raise SystemExit(f"tokenflip plan: --prompt-tokens names benchmarks the config does not define: {unknown}")
-    device = Device(args.bandwidth_gbs, args.tflops)
-    if args.calibration:
-        try:
-            device.overhead_per_layer, device.overhead_source = gpu_overhead_from(args.calibration)
-        except CalibrationFileError as exc:
-            raise SystemExit(f"tokenflip plan: --calibration {exc}") from None
-    if args.device == "cpu":
-        from .calibrate import CalibrationError, calibrate
-        from .plan import expand_cells, probe_targets
-
-        try:
-            device.cpu = calibrate(config, expand_cells(config), probe_targets(config), root=args.root)
-        except CalibrationError as exc:
-            raise SystemExit(f"tokenflip plan: {exc}") from None
-    cost = study_cost(config, device, root=args.root, prompt_tokens=given)
-    print(json.dumps(cost, indent=2, sort_keys=True, default=str) if args.json else format_cost(cost))
 
 
 def _length_arg(text: str) -> tuple[str, float]:

@@ -23,7 +23,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .cost_model import BYTES, Device, expected_steps, generation_seconds, probe_seconds
+from .cost_model import (BYTES, CostInputError, Device, expected_steps, generation_seconds, gpu_overhead_from,
+                         probe_seconds)
 from .engines import TRANSFORMERS
 from .model_size import ModelSize, model_size
 
@@ -201,6 +202,25 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
                                        for m, s in sizes.items()},
                         "prompt_tokens": {f"{m}/{b}": {"tokens": v[0], "from": v[1]} for (m, b), v in sources.items()}},
             "device": _describe(device)}
+
+
+def price(config: dict[str, Any], device_kind: str = "gpu", bandwidth_gbs: float = 2000.0, tflops: float = 150.0,
+          calibration: str | None = None, root: str | None = None,
+          prompt_tokens: dict[str, float] | None = None) -> dict[str, Any]:
+    """`plan --cost`: the device (a GPU, its overhead from `calibration`, or this CPU
+    calibrated now), then `study_cost`."""
+    unknown = sorted(set(prompt_tokens or {}) - set(config["benchmarks"]))
+    if unknown:
+        raise CostInputError(f"--prompt-tokens names benchmarks the config does not define: {unknown}")
+    device = Device(bandwidth_gbs, tflops)
+    if calibration:
+        device.overhead_per_layer, device.overhead_source = gpu_overhead_from(calibration)
+    if device_kind == "cpu":
+        from .calibrate import calibrate
+        from .plan import expand_cells, probe_targets
+
+        device.cpu = calibrate(config, expand_cells(config), probe_targets(config), root=root)
+    return study_cost(config, device, root=root, prompt_tokens=prompt_tokens)
 
 
 def _describe(device: Device) -> dict[str, Any]:

@@ -188,7 +188,11 @@ def expected_steps(device: Device, model: str, benchmark: str, rows: int, max_ne
     return max(1, math.ceil(max_new_tokens * (share[0] if rows == 1 else share[1])))
 
 
-class CalibrationFileError(ValueError):
+class CostInputError(ValueError):
+    """An input of `plan --cost` that cannot be used (the message says which and why)."""
+
+
+class CalibrationFileError(CostInputError):
     """A calibration file that does not say what a step costs."""
 
 
@@ -202,12 +206,12 @@ def gpu_overhead_from(path: str) -> tuple[dict[int, float], str]:
     try:
         data = json.loads(open(path).read())
     except (OSError, ValueError) as exc:
-        raise CalibrationFileError(f"{path}: cannot read it as JSON ({exc})") from None
+        raise CalibrationFileError(f"--calibration {path}: cannot read it as JSON ({exc})") from None
     if "overhead_per_layer_ms" in data:
         try:
             table = {int(b): float(ms) / 1e3 for b, ms in data["overhead_per_layer_ms"].items()}
         except (AttributeError, TypeError, ValueError):
-            raise CalibrationFileError(f"{path}: overhead_per_layer_ms must map batch sizes to milliseconds, "
+            raise CalibrationFileError(f"--calibration {path}: overhead_per_layer_ms must map batch sizes to milliseconds, "
                                        f"e.g. {{\"1\": 1.0, \"8\": 1.1}}") from None
         return table, str(data.get("source", path))
     try:
@@ -216,7 +220,7 @@ def gpu_overhead_from(path: str) -> tuple[dict[int, float], str]:
         layers = int(perf["layers"])
         table = {int(bs[2:]): int(bs[2:]) / float(f["tok_s_wall"]["decode"]) / layers for bs, f in figures.items()}
     except (KeyError, StopIteration, TypeError, ValueError, ZeroDivisionError):
-        raise CalibrationFileError(f"{path}: neither overhead_per_layer_ms nor a GPU check's "
+        raise CalibrationFileError(f"--calibration {path}: neither overhead_per_layer_ms nor a GPU check's "
                                    f"parts.perf decode_vs_generate figures with their layers") from None
     gpu = data.get("environment", {}).get("gpu", {}).get("name", "a GPU")
     return table, f"measured by the GPU check on {gpu} ({path})"
