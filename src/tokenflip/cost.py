@@ -219,7 +219,8 @@ def price(config: dict[str, Any], device_kind: str = "gpu", bandwidth_gbs: float
         from .calibrate import calibrate
         from .plan import expand_cells, probe_targets
 
-        device.cpu = calibrate(config, expand_cells(config), probe_targets(config), root=root)
+        cells = [cell for cell in expand_cells(config) if cell.engine == TRANSFORMERS]  # llama.cpp: not priced
+        device.cpu = calibrate(config, cells, probe_targets(config), root=root)
     return study_cost(config, device, root=root, prompt_tokens=prompt_tokens)
 
 
