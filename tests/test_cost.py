@@ -10,64 +10,142 @@ import sys
 import pytest
 
 from conftest import REPO
-from tokenflip.cost import Device, cell_cost, size_in_name
-from tokenflip.jobs import Cell
+from tokenflip.cost_model import (CalibrationFileError, CpuCalibration, Device, batch_positions,
+                                  generation_seconds, gpu_overhead_from, intervention_work, probe_seconds)
+from tokenflip.model_size import ModelSize, PUBLISHED_CONFIGS, model_size, size_in_name
+
+ONE_B = ModelSize(1e9, 1e9, None, None, "test")  # no layers: the roofline alone
 
 
-def _cell(cache="on", batch_size=1, precision="bf16"):
-    return Cell("m", "b", precision, cache, batch_size, "greedy", "none")
+def _positions(prompts, p, t, rows=1, cache=True):
+    return -(-prompts // rows) * sum(batch_positions(p, rows, t, cache))
 
 
 def test_cache_on_prefills_once_then_one_position_a_step():
     # 3 prompts of 10 tokens, 4 new tokens: per prompt the prefill (10) and 3 steps of 1.
-    cost = cell_cost(_cell("on"), 3, 10, 4, 1e9, Device())
-    assert (cost.prompts, cost.generated_tokens, cost.positions, cost.passes) == (3, 12, 39, 12)
-    assert cost.weight_bytes == 12 * 1e9 * 2
+    assert batch_positions(10, 1, 4, True) == [10, 1, 1, 1]
+    assert _positions(3, 10, 4) == 39
 
 
 def test_cache_off_reprocesses_the_whole_sequence_every_step():
     # Per prompt 10 + 11 + 12 + 13 = 46 positions: quadratic in the generation.
-    assert cell_cost(_cell("off"), 3, 10, 4, 1e9, Device()).positions == 3 * 46
-    long = cell_cost(_cell("off"), 1, 10, 256, 1e9, Device()).positions
-    assert long == 256 * 10 + 256 * 255 / 2
+    assert _positions(3, 10, 4, cache=False) == 3 * 46
+    assert _positions(1, 10, 256, cache=False) == 256 * 10 + 256 * 255 / 2
 
 
-def test_batches_pad_to_their_longest_prompt_and_read_the_weights_once_per_pass():
+def test_batches_pad_to_their_longest_prompt():
     # 3 prompts in batches of 2: two batches, each 2 rows x (10 + 3) positions.
-    cost = cell_cost(_cell("on", batch_size=2), 3, 10, 4, 1e9, Device())
-    assert (cost.positions, cost.passes, cost.weight_bytes) == (52, 8, 8 * 1e9 * 2)
+    assert _positions(3, 10, 4, rows=2) == 52
 
 
-def test_a_pass_costs_its_roofline():
+def test_a_pass_costs_the_larger_of_its_roofline_and_the_step_overhead():
     device = Device(bandwidth_gbs=2000, tflops=150)
     # 1B parameters in bf16: 2 GB read at 2,000 GB/s = 1 ms; 10 positions need 2e10 FLOPs = 0.13 ms.
-    assert device.pass_seconds(1e9, "bf16", 10) == pytest.approx(1e-3)
+    assert device.pass_seconds("m", ONE_B, "bf16", 10) == pytest.approx(1e-3)
     # 1,000 positions need 2e12 FLOPs: 13.3 ms of compute, more than the 1 ms of reading.
-    assert device.pass_seconds(1e9, "bf16", 1000) == pytest.approx(2e12 / 150e12)
+    assert device.pass_seconds("m", ONE_B, "bf16", 1000) == pytest.approx(2e12 / 150e12)
     # fp32 reads twice the bytes and multiplies at an eighth of the rate.
-    assert device.pass_seconds(1e9, "fp32", 1) == pytest.approx(2e-3)
-    assert device.pass_seconds(1e9, "fp32", 1000) == pytest.approx(8 * 2e12 / 150e12)
+    assert device.pass_seconds("m", ONE_B, "fp32", 1) == pytest.approx(2e-3)
+    assert device.pass_seconds("m", ONE_B, "fp32", 1000) == pytest.approx(8 * 2e12 / 150e12)
+    # 32 layers at 1 ms each: a launch-bound step takes 32 ms, not the roofline's 1 ms.
+    layered = ModelSize(1e9, 1e9, 32, None, "test")
+    assert device.pass_seconds("m", layered, "bf16", 1, rows=1) == pytest.approx(32 * 1.0e-3)
+    assert device.pass_seconds("m", layered, "bf16", 8, rows=8) == pytest.approx(32 * 1.1e-3)
+    assert device.pass_seconds("m", layered, "bf16", 3, rows=3) == pytest.approx(32 * 1.05e-3)  # bs4's entry
 
 
-def test_a_measured_decode_rate_scales_with_the_bytes_a_model_reads():
-    device = Device(tokens_per_second={7e9: 35.0, 1.1e9: 140.0})
-    assert device.pass_seconds(7e9, "bf16", 1) == pytest.approx(1 / 35)
-    assert device.pass_seconds(14e9, "bf16", 1) == pytest.approx(2 / 35)  # nearest: 7B, twice its bytes
-    assert device.pass_seconds(1.1e9, "fp32", 1) == pytest.approx(2 / 140)  # fp32: twice the bytes
+def test_a_mixture_of_experts_reads_and_computes_its_active_parameters():
+    olmoe = model_size("olmoe", {"source": "hf", "id": "allenai/OLMoE-1B-7B-0924"}, REPO / "absent")
+    # 64 experts, 8 per token: 6.9B stored, 1.3B per token.
+    assert olmoe.total == pytest.approx(6.92e9, rel=0.01) and olmoe.active == pytest.approx(1.28e9, rel=0.01)
+    assert olmoe.layers == 16 and olmoe.source == "its published configuration (not downloaded)"
+    device = Device()
+    assert device.pass_seconds("m", olmoe, "bf16", 1) == pytest.approx(max(olmoe.active * 2 / 2000e9, 16 * 1e-3))
+    gemma = model_size("g", {"source": "hf", "id": "google/gemma-2-2b"}, REPO / "absent")
+    assert gemma.total == pytest.approx(2.61e9, rel=0.01)  # not the 2.0B of its name
+    assert {"source": "hf", "id": "google/gemma-2-2b"}["id"] in PUBLISHED_CONFIGS
 
 
-def test_the_whole_cell_time_is_the_sum_of_its_passes():
-    device = Device(bandwidth_gbs=2000, tflops=150)
-    cost = cell_cost(_cell("on"), 1, 1000, 3, 1e9, device)
-    assert cost.seconds == pytest.approx(2e12 / 150e12 + 2 * 1e-3)
+def test_a_model_without_a_configuration_falls_back_to_its_name_and_says_so():
+    size = model_size("x", {"source": "hf", "id": "someone/Unknown-13B"}, REPO / "absent")
+    assert size.total == 13e9 and size.layers is None and "size in its name" in size.source
+
+
+def test_a_prepared_models_configuration_comes_first(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": False}))
+    size = model_size("m", {"source": "hf", "id": "meta-llama/Llama-2-7b-hf"}, tmp_path)
+    # embeddings and head 2 x 64,000; per layer q,o 2 x 4,096, k,v 2 x 2,048, MLP 3 x 8,192, norms 2 x 64; final norm.
+    assert size.total == 2 * 64000 + 3 * (2 * 4096 + 2 * 2048 + 3 * 8192 + 2 * 64) + 64
+    assert size.layers == 3 and size.head == 64000 and size.source == "prepared model's config"
+
+
+def _counting_device(a=1.0, b=0.0):
+    """A calibrated device whose pass costs `a` + `b` per position, in every precision."""
+    return Device(cpu=CpuCalibration(passes={("m", p): (a, b) for p in ("fp32", "bf16", "fp16")}))
+
+
+def test_interventions_are_priced_by_what_they_compute():
+    assert intervention_work({"kind": "none"}, "bf16") == (["bf16"], False)
+    assert intervention_work({"kind": "global_fp32"}, "bf16") == (["fp32"], False)
+    assert intervention_work({"kind": "fp32_oracle"}, "fp16") == (["fp32"], False)
+    assert intervention_work({"kind": "consensus", "precisions": ["bf16", "fp16"]}, "bf16") == (["bf16", "fp16"], False)
+    assert intervention_work({"kind": "compose", "of": [{"kind": "fp8_weights"}, {"kind": "fp32_head"}]},
+                             "bf16") == (["bf16"], True)
+    size = ModelSize(1e9, 1e9, 4, 1e8, "test")
+    device = Device(cpu=CpuCalibration(passes={("m", "bf16"): (0.0, 1.0), ("m", "fp32"): (0.0, 2.0),
+                                               ("m", "fp16"): (0.0, 1.0)}))
+    plain = generation_seconds(device, "m", size, "bf16", True, 1, 1, 10, 4, {"kind": "none"})
+    assert plain == 13  # 13 positions at 1 s
+    # Consensus runs every pass in both precisions; the FP32 head adds a tenth of an fp32 position a step.
+    assert generation_seconds(device, "m", size, "bf16", True, 1, 1, 10, 4, {"kind": "consensus"}) == 26
+    assert generation_seconds(device, "m", size, "bf16", True, 1, 1, 10, 4,
+                              {"kind": "fp32_head", "gated": False}) == pytest.approx(13 + 4 * 0.2)
+    assert generation_seconds(device, "m", size, "bf16", True, 1, 1, 10, 4, {"kind": "global_fp32"}) == 26
+
+
+def test_probes_are_priced_by_the_passes_they_run():
+    size = ModelSize(1e9, 1e9, 2, None, "test")
+    device = _counting_device()  # one second a pass: the cost counts passes
+    # kv_cache, per prompt and precision: 4 cached + 4 uncached replay passes; per patch step
+    # the cache before step 2 (2 passes), the step recomputed (1) and 2 x 2 + 3 patched steps.
+    kv = probe_seconds(device, "m", size, "kv_cache", {"prompts": 2, "precisions": ["fp16"], "patch_steps": 1,
+                                                       "forms": ["prefill_chunk=16"]}, 10, 4)
+    assert kv == 2 * (8 + (2 + 1 + 7) + 4)
+    # precision, per prompt and pair: a cached replay in each precision, and per flip in each
+    # the cache before the flip (2 passes) and layers + 3 grafted steps.
+    prec = probe_seconds(device, "m", size, "precision", {"prompts": 1, "pairs": [["bf16", "fp16"]], "flips": 1},
+                         10, 4)
+    assert prec == 2 * 4 + 2 * (2 + 5)
+
+
+def _gpu_check(tmp_path, **perf):
+    path = tmp_path / "gpu-check.json"
+    path.write_text(json.dumps({"environment": {"gpu": {"name": "NVIDIA H200"}}, "parts": {"perf": {
+        "layers": 16, "checks": [{"name": "decode_vs_generate", "figures": perf}]}}}))
+    return path
+
+
+def test_the_step_overhead_is_taken_from_a_saved_gpu_check(tmp_path):
+    path = _gpu_check(tmp_path, bs1={"tok_s_wall": {"decode": 50.0}}, bs8={"tok_s_wall": {"decode": 320.0}})
+    table, source = gpu_overhead_from(str(path))
+    # bs1: 20 ms a step over 16 layers; bs8: 8 / 320 s = 25 ms a step.
+    assert table == {1: pytest.approx(0.02 / 16), 8: pytest.approx(0.025 / 16)}
+    assert "NVIDIA H200" in source
+    (tmp_path / "table.json").write_text(json.dumps({"overhead_per_layer_ms": {"1": 0.5}, "source": "mine"}))
+    assert gpu_overhead_from(str(tmp_path / "table.json")) == ({1: 0.0005}, "mine")
+    (tmp_path / "bad.json").write_text(json.dumps({"parts": {}}))
+    with pytest.raises(CalibrationFileError, match="--calibration .*bad.json: neither overhead_per_layer_ms"):
+        gpu_overhead_from(str(tmp_path / "bad.json"))
 
 
 @pytest.mark.parametrize("name,params", [("TinyLlama/TinyLlama-1.1B-Chat-v1.0", 1.1e9),
                                          ("Qwen/Qwen2.5-3B-Instruct", 3e9), ("meta-llama/Llama-2-7b-hf", 7e9),
                                          ("allenai/OLMoE-1B-7B-0924", 7e9), ("SmolLM2-135M-Instruct.Q4_1.gguf", 135e6),
-                                         ("mistralai/Mistral-7B-v0.3", 7e9), ("meta-llama/Llama-3.2-3B-Instruct", 3e9),
                                          ("gpt2", None)])
-def test_sizes_are_read_from_model_names(name, params):
+def test_sizes_are_read_from_model_names_as_a_last_resort(name, params):
     assert size_in_name(name) == (pytest.approx(params) if params else None)
 
 
@@ -85,7 +163,8 @@ def test_the_default_costs_what_its_config_says(tmp_path):
                              "summarize": 1, "report": 1}
     assert cost["generate"]["prompts"] == 10 * 12 + 4 * 4
     assert cost["generate"]["generated_tokens"] == (10 * 12 + 4 * 4) * 32
-    assert cost["sources"]["parameters"]["smollm2-135m"] == {"parameters": 135e6, "from": "size in its name"}
+    size = cost["sources"]["parameters"]["smollm2-135m"]
+    assert (size["parameters"], size["layers"], size["from"]) == (134515008, 30, "the GGUF file's metadata")
     assert cost["sources"]["prompt_tokens"]["smollm2-135m/onestep"]["from"] == "estimated at 4 characters a token"
     assert cost["unknown"] == []
 
@@ -104,10 +183,62 @@ def test_the_paper_configs_are_priced_without_reaching_the_hub():
 
 @pytest.mark.parametrize("args,message", [(("--prompt-tokens", "nope=10"), "does not define: ['nope']"),
                                           (("--prompt-tokens", "gsm8k"), "expected BENCHMARK=TOKENS"),
-                                          (("--tokens-per-second", "fast=3"), "expected SIZE=TOKENS_PER_SECOND")])
+                                          (("--calibration", "/absent/gpu-check.json"),
+                                           "--calibration /absent/gpu-check.json: cannot read it")])
 def test_bad_cost_arguments_say_what_is_expected(args, message):
     proc = _plan("--config", str(REPO / "config" / "paper-kv-cache.yaml"), "--cost", *args)
     assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_prompt_lengths_are_given_as_the_readme_writes_them_or_one_by_one():
+    paper = str(REPO / "config" / "paper-precision.yaml")
+    together = _plan("--config", paper, "--cost", "--json", "--prompt-tokens", "gsm8k=910", "mbpp=601")
+    apart = _plan("--config", paper, "--cost", "--json", "--prompt-tokens", "gsm8k=910", "--prompt-tokens", "mbpp=601")
+    assert together.returncode == 0, together.stderr
+    sources = json.loads(together.stdout)["sources"]["prompt_tokens"]
+    assert sources["tinyllama-1.1b-chat/gsm8k"] == {"tokens": 910, "from": "given (--prompt-tokens)"}
+    assert sources["tinyllama-1.1b-chat/mbpp"] == {"tokens": 601, "from": "given (--prompt-tokens)"}
+    assert json.loads(apart.stdout)["total_seconds"] == json.loads(together.stdout)["total_seconds"]
+
+
+def _tiny_study(tmp_path, model):
+    config = {"run": "tiny", "models": {"m": model},
+              "benchmarks": {"onestep": {"kind": "onestep", "n": 3, "max_new_tokens": 6}},
+              "interventions": {"none": {"kind": "none"}},
+              "grids": [{"precision": ["fp32", "bf16"], "cache": ["on", "off"], "batch_size": [1]}],
+              "comparisons": [{"axis": "cache", "a": "on", "b": "off"}]}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_a_cpu_estimate_times_the_studys_own_model_here(tmp_path):
+    path = _tiny_study(tmp_path, {"source": "random", "architecture": "llama", "seed": 0})
+    proc = _plan("--config", str(path), "--cost", "--json", "--device", "cpu", "--root", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    cost = json.loads(proc.stdout)
+    calibration = cost["device"]["calibration"]
+    assert set(calibration["passes"]) == {"m/fp32", "m/bf16"} and calibration["job_start_s"] > 0
+    assert calibration["prompt_tokens"]["m/onestep"]["max"] > 10
+    assert calibration["length_share"]["m/onestep"] == {"mean": 1.0, "max": 1.0}  # a random model never stops
+    assert "m" in calibration["prepare_s"]  # not prepared under --root: prepared (and timed) by the calibration
+    assert calibration["cell_job_s"]["m"] > calibration["job_start_s"]  # a real generation job, one token
+    cells = cost["per_cell"]
+    for p in ("fp32", "bf16"):
+        assert cells[f"m/onestep/{p}-off-bs1-greedy-none"] > cells[f"m/onestep/{p}-on-bs1-greedy-none"] > 0
+    # every job is priced: 4 cells, 2 pairs, 1 preparation, 1 prompt check, summary, report, scheduler
+    assert cost["total_seconds"] == pytest.approx(cost["generate"]["seconds"] + cost["other_jobs_seconds"])
+    assert cost["other_jobs_seconds"] >= calibration["job_start_s"] * (1 + 1 + 2 + 3)
+    text = _plan("--config", str(path), "--cost", "--device", "cpu", "--root", str(tmp_path)).stdout
+    assert "CPU-hours" in text and "this CPU, calibrated" in text
+
+
+def test_a_cpu_estimate_of_a_hub_model_that_is_not_here_says_how_to_prepare_it(tmp_path):
+    path = _tiny_study(tmp_path, {"source": "hf", "id": "meta-llama/Llama-2-7b-hf"})
+    proc = _plan("--config", str(path), "--cost", "--device", "cpu", "--root", str(tmp_path))
+    assert proc.returncode == 1
+    assert "model 'm' (meta-llama/Llama-2-7b-hf) is not prepared" in proc.stderr
+    assert "snakemake --until prepare_model" in proc.stderr
 
 
 def test_llama_cpp_cells_are_counted_apart_and_not_priced(tmp_path):

@@ -20,9 +20,19 @@ def _json_arg(text: str):
 
 
 def cmd_prepare_model(args) -> None:
-    from .models import prepare
+    from .models import ModelError, prepare
 
-    manifest = prepare(args.spec, args.out)
+    try:
+        manifest = prepare(args.spec, args.out)
+    except (OSError, ValueError) as exc:  # the hub's errors are OSErrors: say why, and what fixes it
+        if args.spec.get("source") != "hf":
+            raise
+        cause = None
+        if not Path(args.spec["id"]).is_dir():
+            from .hub_check import check_model
+
+            cause = check_model(Path(args.out).name, args.spec)
+        raise ModelError(cause or f"{args.spec['id']}: {type(exc).__name__}: {exc}") from exc
     print(json.dumps({k: manifest[k] for k in ("architecture", "num_parameters", "weights_sha256")}))
 
 
@@ -207,15 +217,15 @@ def cmd_plan(args) -> None:
 
     config = _config(args)
     if args.cost:
-        from .cost import Device, format_cost, study_cost
+        from .cost import format_cost, price
+        from .cost_model import CostInputError
 
-        given = dict(args.prompt_tokens or [])
-        unknown = sorted(set(given) - set(config["benchmarks"]))
-        if unknown:
-            raise SystemExit(f"tokenflip plan: --prompt-tokens names benchmarks the config does not define: {unknown}")
-        cost = study_cost(config, Device(args.bandwidth_gbs, args.tflops, dict(args.tokens_per_second or [])),
-                          root=args.root, prompt_tokens=given)
-        print(json.dumps(cost, indent=2, sort_keys=True) if args.json else format_cost(cost))
+        try:
+            cost = price(config, args.device, args.bandwidth_gbs, args.tflops, args.calibration, args.root,
+                         dict(pair for group in args.prompt_tokens or [] for pair in group))
+        except CostInputError as exc:
+            raise SystemExit(f"tokenflip plan: {exc}") from None
+        print(json.dumps(cost, indent=2, sort_keys=True, default=str) if args.json else format_cost(cost))
         return
     cells = expand_cells(config)
     pairs = expand_pairs(config, cells)
@@ -239,20 +249,6 @@ def _length_arg(text: str) -> tuple[str, float]:
     if not sep or not name or tokens <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected BENCHMARK=TOKENS, e.g. gsm8k=900")
     return name, tokens
-
-
-def _rate_arg(text: str) -> tuple[float, float]:
-    """SIZE=TPS, e.g. 7B=35: a decode rate (tokens/s, batch size 1, 16-bit) measured on a model of SIZE."""
-    from .cost import size_in_name
-
-    size, sep, rate = text.partition("=")
-    try:
-        params, tps = size_in_name(size.strip()), float(rate)
-    except ValueError:
-        params, tps = None, 0.0
-    if not sep or params is None or tps <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected SIZE=TOKENS_PER_SECOND, e.g. 7B=35 or 1.1B=120")
-    return params, tps
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -311,17 +307,21 @@ def _run_commands(sub) -> None:
     p = sub.add_parser("plan", help="list the cells, pairs and probe jobs a config defines (--cost: what they cost)")
     _config_args(p)
     p.add_argument("--cost", action="store_true",
-                   help="per rule and in total: jobs, prompts, generated tokens, token positions, weight bytes "
-                        "read and an estimate of GPU-hours (upper bounds: every prompt runs max_new_tokens)")
+                   help="per rule, per cell and in total: jobs, prompts, generated tokens, token positions, weight "
+                        "bytes read and device hours (docs/internals.md says which figures are bounds)")
     p.add_argument("--root", help="the working directory whose prompt checks and prepared models to read (default: .)")
-    p.add_argument("--bandwidth-gbs", type=float, default=2000.0, help="device memory bandwidth, GB/s (default 2000)")
+    p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
+                   help="gpu: roofline and per-step overhead (default); cpu: time the study's own models on this "
+                        "machine first (a short calibration) and price every job in CPU-hours")
+    p.add_argument("--bandwidth-gbs", type=float, default=2000.0, help="GPU memory bandwidth, GB/s (default 2000)")
     p.add_argument("--tflops", type=float, default=150.0,
                    help="16-bit matrix throughput reached, TFLOP/s (default 150; fp32 at an eighth)")
-    p.add_argument("--tokens-per-second", type=_rate_arg, action="append", metavar="SIZE=TPS",
-                   help="a measured decode rate at batch size 1 in 16 bits, e.g. 7B=35 (repeatable; each model "
-                        "uses the nearest size, scaled by its parameters)")
-    p.add_argument("--prompt-tokens", type=_length_arg, action="append", metavar="BENCHMARK=N",
-                   help="the prompt length to assume for a benchmark whose data is on the hub (repeatable)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="the GPU's per-step overhead: a GPU check's gpu-check.json (perf/gpu.sh), or JSON "
+                        "{\"overhead_per_layer_ms\": {\"1\": 1.0, \"8\": 1.1}}")
+    p.add_argument("--prompt-tokens", type=_length_arg, nargs="+", action="append", metavar="BENCHMARK=N",
+                   help="the prompt length to assume for a benchmark whose data is on the hub "
+                        "(`--prompt-tokens gsm8k=910 mbpp=601`, or the option repeated)")
     p.add_argument("--json", action="store_true", help="with --cost: the figures as JSON")
     p.set_defaults(func=cmd_plan)
 

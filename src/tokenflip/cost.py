@@ -1,62 +1,34 @@
 """What a study costs before it runs: `tokenflip plan --cost`.
 
-Per generation cell, upper bounds from the config alone (every prompt generates
-`max_new_tokens`): prompts, generated tokens, the token positions the forward passes
-process (with the cache, each prompt is prefilled once and then one position per step;
-without it every step reprocesses the whole sequence, so the positions grow with the
-square of the generation), the forward passes and the weight bytes they read. An estimate
-of device time follows from a roofline per forward pass: the larger of reading the
-weights at the device's memory bandwidth and doing 2 × parameters FLOPs per position at
-its throughput, or, per model size, from a measured decode rate (`--tokens-per-second`).
+Per generation cell and in total: prompts, generated tokens, the token positions the
+forward passes process (with the cache, each prompt is prefilled once and then one
+position per step; without it every step reprocesses the whole sequence, so the positions
+grow with the square of the generation), the weight bytes read, and the time, from
+`cost_model` on a GPU (`--device gpu`, the default: GPU-hours of the generation and probe
+jobs) or from a short calibration of the study's own models on this machine (`--device
+cpu`: CPU-hours of every job, the scheduler's included). Probe jobs are priced by the
+replays they run. Which figures are bounds, and in which direction: `cost_model`.
 
-Prompt lengths are the tokenizer's (the `check_prompts` records, their longest prompt)
-when the run has them, else estimated from the prompt text at 4 characters a token.
-Model sizes come from a prepared model's manifest, else from the size in its name
-("Llama-2-7b", "SmolLM2-135M"; for "OLMoE-1B-7B", the total), else from a random model's
-configuration; a model of unknown size has no bytes or time.
+Prompt lengths are the tokenizer's (the `check_prompts` records, their longest prompt; on
+a calibrated CPU every prompt through the tokenizer) when the run has them, else estimated
+from the prompt text at 4 characters a token. Model sizes come from the checkpoint's
+configuration (`model_size`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cost_model import (BYTES, CostInputError, Device, expected_steps, generation_seconds, gpu_overhead_from,
+                         probe_seconds)
 from .engines import TRANSFORMERS
-from .jobs import Cell
+from .model_size import ModelSize, model_size
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 CHARS_PER_TOKEN = 4
-_SIZE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)([bBmM])(?![a-zA-Z0-9])")
-
-
-def size_in_name(name: str) -> float | None:
-    """Parameters named in a model id ("TinyLlama-1.1B" -> 1.1e9; the largest if several)."""
-    sizes = [float(n) * (1e9 if unit in "bB" else 1e6) for n, unit in _SIZE.findall(name)]
-    return max(sizes) if sizes else None
-
-
-def model_parameters(name: str, spec: dict[str, Any], models_dir: Path) -> tuple[float | None, str]:
-    """(parameters, where the figure comes from)."""
-    manifest = models_dir / name / "model.json"
-    if manifest.is_file():
-        try:
-            return float(json.loads(manifest.read_text())["num_parameters"]), "prepared manifest"
-        except (ValueError, KeyError, TypeError):
-            pass
-    for label in (spec.get("id"), spec.get("file"), name):
-        if label and (n := size_in_name(str(label))):
-            return n, "size in its name"
-    if spec.get("source") == "random":
-        from .models import build_model
-
-        model, _ = build_model(spec)
-        return float(sum(p.numel() for p in model.parameters())), "random model's configuration"
-    return None, "unknown"
 
 
 def _local_benchmark(name: str, spec: dict[str, Any]):
@@ -127,104 +99,137 @@ def prompt_count(name: str, spec: dict[str, Any]) -> int | None:
     return int(spec["n"]) if isinstance(spec.get("n"), int) else None
 
 
-@dataclass
-class Device:
-    """What a forward pass costs on the target device: a roofline, or a measured decode rate."""
-
-    bandwidth_gbs: float = 2000.0   # HBM bandwidth, GB/s (an A100-80GB: 2,039)
-    tflops: float = 150.0           # 16-bit dense matrix throughput actually reached, TFLOP/s
-    tokens_per_second: dict[float, float] = field(default_factory=dict)  # params -> measured decode tok/s, bs 1
-
-    def pass_seconds(self, params: float, precision: str, positions: float) -> float:
-        """One forward pass over `positions` token positions (all rows of the batch)."""
-        memory = params * BYTES[precision] / (self.bandwidth_gbs * 1e9)
-        if self.tokens_per_second:
-            size = min(self.tokens_per_second, key=lambda s: abs(math.log(s / params)))
-            memory = (1.0 / self.tokens_per_second[size]) * (params / size) * BYTES[precision] / 2
-        # fp32 matrix products (without TF32) run at about an eighth of the 16-bit rate on
-        # datacenter GPUs (A100: 19.5 vs 312 TFLOP/s peak).
-        flops = self.tflops * 1e12 / (8 if precision == "fp32" else 1)
-        return max(memory, 2 * params * positions / flops)
+def _sum(acc: dict[str, float], **values: float | None) -> set[str]:
+    """Add each known value into `acc`; the names of those that are unknown."""
+    unknown = set()
+    for name, value in values.items():
+        if value is None:
+            unknown.add(name)
+        else:
+            acc[name] = acc.get(name, 0) + value
+    return unknown
 
 
-@dataclass
-class CellCost:
-    prompts: int | None
-    generated_tokens: int | None
-    positions: float | None
-    passes: int | None
-    weight_bytes: float | None
-    seconds: float | None
-
-
-def cell_cost(cell: Cell, prompts: int | None, prompt_tokens: float | None, max_new_tokens: int,
-              params: float | None, device: Device) -> CellCost:
-    """Upper bounds for one cell: every prompt runs `max_new_tokens` steps, in batches of
-    the cell's batch size, padded to the batch's longest prompt (taken as `prompt_tokens`)."""
-    if prompts is None:
-        return CellCost(None, None, None, None, None, None)
-    batches, t = math.ceil(prompts / cell.batch_size), max_new_tokens
-    generated, passes = prompts * t, batches * t
-    weight_bytes = None if params is None else passes * params * BYTES[cell.precision]
-    if prompt_tokens is None:
-        return CellCost(prompts, generated, None, passes, weight_bytes, None)
-    p, b = prompt_tokens, cell.batch_size
-    if cell.cache == "on":
-        per_batch = [p * b] + [b] * (t - 1)               # prefill, then one position per row
-    else:
-        per_batch = [(p + step) * b for step in range(t)]  # the whole sequence at every step
-    positions = batches * sum(per_batch)
-    if params is None:
-        return CellCost(prompts, generated, positions, passes, None, None)
-    seconds = batches * sum(device.pass_seconds(params, cell.precision, n) for n in per_batch)
-    return CellCost(prompts, generated, positions, passes, weight_bytes, seconds)
+def _lengths(config, device: Device, model: str, bench: str, rows: int, root, given, sources) -> float | None:
+    """Tokens per prompt for a cell: on a calibrated CPU the tokenizer's mean (batch size 1)
+    or longest prompt (a batch pads to its longest); else the longest, as `prompt_lengths` finds it."""
+    if device.cpu and (model, bench) in device.cpu.prompt_tokens and bench not in given:
+        mean, longest = device.cpu.prompt_tokens[(model, bench)]
+        sources[(model, bench)] = (longest, "tokenizer (every prompt, on this machine)")
+        return mean if rows == 1 else longest
+    if (model, bench) not in sources:
+        sources[(model, bench)] = prompt_lengths(config, model, bench, root, given)
+    return sources[(model, bench)][0]
 
 
 def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
                prompt_tokens: dict[str, float] | None = None) -> dict[str, Any]:
-    """Per rule and in total: jobs, and for the GPU rules prompts, tokens, positions,
-    weight bytes and device hours; with where each input figure came from."""
+    """Per rule, per cell and in total: jobs, prompts, tokens, positions, weight bytes and
+    device seconds; with where each input figure came from."""
     from .plan import expand_cells, expand_pairs, probe_targets
 
+    given = prompt_tokens or {}
     models_dir = Path(root or ".") / "resources" / "models"
     cells = expand_cells(config)
-    params = {m: model_parameters(m, spec, models_dir) for m, spec in config["models"].items()}
+    pairs = expand_pairs(config, cells)
+    probes = probe_targets(config)
+    used = sorted({c.model for c in cells} | {m for _, m, _ in probes})
+    sizes: dict[str, ModelSize | None] = {m: model_size(m, config["models"][m], models_dir) for m in used}
     counts = {b: prompt_count(b, spec) for b, spec in config["benchmarks"].items()}
-    lengths: dict[tuple[str, str], tuple[float | None, str]] = {}
+    sources: dict[tuple[str, str], tuple[float | None, str]] = {}
     per_model: dict[str, dict[str, float]] = {}
-    total = {"cells": 0, "prompts": 0, "generated_tokens": 0, "positions": 0.0, "weight_bytes": 0.0, "seconds": 0.0}
-    unknown = set()
-    # llama.cpp runs on the CPU: no GPU time, and its weights are the GGUF's. Counted apart.
+    per_cell: dict[str, float | None] = {}
+    total: dict[str, float] = {k: 0 for k in ("cells", "prompts", "generated_tokens", "positions", "weight_bytes",
+                                              "seconds")}
+    unknown: set[tuple[str, str]] = set()
+    start = device.cpu.job_start_s if device.cpu else 0.0
+    # llama.cpp runs on the CPU with its own kernels: counted apart, not priced.
     cpu_cells = Counter(cell.engine for cell in cells if cell.engine != TRANSFORMERS)
     for cell in cells:
         if cell.engine in cpu_cells:
             continue
-        key = (cell.model, cell.benchmark)
-        if key not in lengths:
-            lengths[key] = prompt_lengths(config, *key, root, prompt_tokens or {})
         spec = config["benchmarks"][cell.benchmark]
-        cost = cell_cost(cell, counts[cell.benchmark], lengths[key][0],
-                         spec.get("max_new_tokens", config["generation"]["max_new_tokens"]), params[cell.model][0],
-                         device)
+        limit = spec.get("max_new_tokens", config["generation"]["max_new_tokens"])
+        size, prompts = sizes[cell.model], counts[cell.benchmark]
+        length = _lengths(config, device, cell.model, cell.benchmark, cell.batch_size, root, given, sources)
+        figures: dict[str, float | None] = dict.fromkeys(("prompts", "generated_tokens", "positions", "weight_bytes",
+                                                          "seconds"))
+        if prompts is not None:
+            batches = math.ceil(prompts / cell.batch_size)
+            figures.update(prompts=prompts, generated_tokens=prompts * limit)
+            if size is not None:
+                figures["weight_bytes"] = batches * limit * size.active * BYTES[cell.precision]
+            if length is not None:
+                figures["positions"] = batches * (length * cell.batch_size + (limit - 1) * cell.batch_size
+                                                  if cell.cache == "on" else
+                                                  cell.batch_size * (limit * length + limit * (limit - 1) / 2))
+                if size is not None:
+                    steps = int(expected_steps(device, cell.model, cell.benchmark, cell.batch_size, limit))
+                    figures["seconds"] = device.job_seconds(cell.model, size, cell.precision) + \
+                        generation_seconds(device, cell.model, size, cell.precision, cell.cache == "on",
+                                           cell.batch_size, batches, length, steps,
+                                           config["interventions"][cell.intervention])
+        per_cell[cell.id] = figures["seconds"]
         row = per_model.setdefault(cell.model, {k: 0 for k in total})
         for acc in (row, total):
             acc["cells"] += 1
-            for name in ("prompts", "generated_tokens", "positions", "weight_bytes", "seconds"):
-                value = getattr(cost, name)
-                if value is None:
-                    unknown.add((cell.model, name))
-                else:
-                    acc[name] += value
-    return {"rules": {"prepare_model": len(config["models"]),
-                      "check_prompts": len({(c.model, c.benchmark) for c in cells}),
-                      "generate": len(cells), "compare": len(expand_pairs(config, cells)),
-                      "probe": len(probe_targets(config)), "summarize": 1, "report": 1},
-            "generate": total, "per_model": per_model, "unknown": sorted(unknown),
-            "cpu_cells": dict(sorted(cpu_cells.items())),
-            "sources": {"parameters": {m: {"parameters": v[0], "from": v[1]} for m, v in params.items()},
-                        "prompt_tokens": {f"{m}/{b}": {"tokens": v[0], "from": v[1]} for (m, b), v in lengths.items()}},
-            "device": {"bandwidth_gbs": device.bandwidth_gbs, "tflops": device.tflops,
-                       "tokens_per_second": device.tokens_per_second}}
+            unknown |= {(cell.model, name) for name in _sum(acc, **figures)}
+    probe_total, probe_rows = 0.0, {}
+    for probe, model, bench in probes:
+        size = sizes[model]
+        length = _lengths(config, device, model, bench, 1, root, given, sources)
+        limit = config["benchmarks"][bench].get("max_new_tokens", config["generation"]["max_new_tokens"])
+        if size is None or length is None:
+            unknown.add((model, f"probe {probe}"))
+            continue
+        options = config["probes"][probe]
+        steps = int(expected_steps(device, model, bench, 1, limit))
+        seconds = device.job_seconds(model, size, "fp32") + probe_seconds(
+            device, model, size, probe, options, length, steps)
+        probe_rows[f"{model}/{bench}/{probe}"] = seconds
+        probe_total += seconds
+    rules = {"prepare_model": len(used), "check_prompts": len({(c.model, c.benchmark) for c in cells}),
+             "generate": len(cells), "compare": len(pairs), "probe": len(probes), "summarize": 1, "report": 1}
+    other = 0.0
+    if device.cpu:  # every job runs here: the CPU jobs' starts, the preparations and the scheduler itself
+        other = start * (rules["prepare_model"] + rules["check_prompts"] + rules["compare"] + 3) + sum(
+            device.cpu.prepare_s.values())
+    return {"rules": rules, "generate": total, "per_model": per_model, "per_cell": per_cell,
+            "probes": {"jobs": len(probes), "seconds": probe_total, "per_job": probe_rows},
+            "other_jobs_seconds": other, "total_seconds": total["seconds"] + probe_total + other,
+            "unknown": sorted(unknown), "cpu_cells": dict(sorted(cpu_cells.items())),
+            "sources": {"parameters": {m: s.as_dict() if s else {"parameters": None, "from": "unknown"}
+                                       for m, s in sizes.items()},
+                        "prompt_tokens": {f"{m}/{b}": {"tokens": v[0], "from": v[1]} for (m, b), v in sources.items()}},
+            "device": _describe(device)}
+
+
+def price(config: dict[str, Any], device_kind: str = "gpu", bandwidth_gbs: float = 2000.0, tflops: float = 150.0,
+          calibration: str | None = None, root: str | None = None,
+          prompt_tokens: dict[str, float] | None = None) -> dict[str, Any]:
+    """`plan --cost`: the device (a GPU, its overhead from `calibration`, or this CPU
+    calibrated now), then `study_cost`."""
+    unknown = sorted(set(prompt_tokens or {}) - set(config["benchmarks"]))
+    if unknown:
+        raise CostInputError(f"--prompt-tokens names benchmarks the config does not define: {unknown}")
+    device = Device(bandwidth_gbs, tflops)
+    if calibration:
+        device.overhead_per_layer, device.overhead_source = gpu_overhead_from(calibration)
+    if device_kind == "cpu":
+        from .calibrate import calibrate
+        from .plan import expand_cells, probe_targets
+
+        cells = [cell for cell in expand_cells(config) if cell.engine == TRANSFORMERS]  # llama.cpp: not priced
+        device.cpu = calibrate(config, cells, probe_targets(config), root=root)
+    return study_cost(config, device, root=root, prompt_tokens=prompt_tokens)
+
+
+def _describe(device: Device) -> dict[str, Any]:
+    if device.cpu:
+        return {"kind": "cpu", "calibration": device.cpu.describe()}
+    return {"kind": "gpu", "bandwidth_gbs": device.bandwidth_gbs, "tflops": device.tflops,
+            "overhead_per_layer_ms": {b: s * 1e3 for b, s in device.overhead_per_layer.items()},
+            "overhead_from": device.overhead_source, "load_gbs": device.load_gbs, "job_start_s": device.job_start_s}
 
 
 def _si(x: float, unit: str = "") -> str:
@@ -234,32 +239,67 @@ def _si(x: float, unit: str = "") -> str:
     return f"{x:.0f} {unit}".strip()
 
 
-def format_cost(cost: dict[str, Any]) -> str:
-    lines = ["jobs per rule: " + ", ".join(f"{rule} {n}" for rule, n in cost["rules"].items())]
-    d = cost["device"]
-    rate = (", decode " + ", ".join(f"{_si(s)} parameters: {t:g} tok/s" for s, t in d["tokens_per_second"].items())
-            if d["tokens_per_second"] else "")
-    lines.append(f"device model: {d['bandwidth_gbs']:g} GB/s, {d['tflops']:g} TFLOP/s{rate} "
-                 f"(roofline per forward pass; upper bounds: every prompt runs max_new_tokens)")
-    header = f"{'generate':24s} {'cells':>6s} {'prompts':>9s} {'tokens':>10s} {'positions':>10s} {'weights read':>13s} {'GPU-hours':>10s}"
-    lines.append(header)
+BOUNDS = ("bounds: prompts and token positions are upper bounds (every prompt runs max_new_tokens{share}); "
+          "{time}")
+TIME_BOUND = {"gpu": "the roofline is a lower bound on each pass, the per-layer overhead a typical figure "
+                     "(--calibration gpu-check.json: your GPU's); a gated FP32 head is priced as firing every step "
+                     "(an upper bound)",
+              "cpu": "the time per pass and per position is this machine's, measured; a gated FP32 head is priced "
+                     "as firing every step (an upper bound)"}
 
-    unknown = {what for _, what in cost["unknown"]}
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}" if seconds >= 360 else f"{seconds / 3600:.4f}"
+
+
+def _device_line(d: dict[str, Any]) -> str:
+    if d["kind"] == "cpu":
+        c = d["calibration"]
+        passes = ", ".join(f"{k} {v['a_ms']:g} ms + {v['b_ms_per_position']:g} ms/position"
+                           for k, v in c["passes"].items())
+        return f"device: this CPU, calibrated (one thread, process CPU time): {passes}; a job's start {c['job_start_s']} s"
+    per_layer = ", ".join(f"bs{b} {ms:g}" for b, ms in d["overhead_per_layer_ms"].items())
+    return (f"device: GPU, per pass max(roofline at {d['bandwidth_gbs']:g} GB/s and {d['tflops']:g} TFLOP/s, "
+            f"per-layer step overhead {per_layer} ms ({d['overhead_from']})); "
+            f"model load at {d['load_gbs']:g} GB/s, {d['job_start_s']:g} s a job's start")
+
+
+def format_cost(cost: dict[str, Any]) -> str:
+    d = cost["device"]
+    hours = "CPU-hours" if d["kind"] == "cpu" else "GPU-hours"
+    lines = ["jobs per rule: " + ", ".join(f"{rule} {n}" for rule, n in cost["rules"].items()), _device_line(d),
+             BOUNDS.format(share="; on a calibrated CPU the time uses the measured lengths" if d["kind"] == "cpu"
+                           else "", time=TIME_BOUND[d["kind"]])]
+    lines.append(f"{'generate':24s} {'cells':>6s} {'prompts':>9s} {'tokens':>10s} {'positions':>10s} "
+                 f"{'weights read':>13s} {hours:>10s}")
 
     def row(name, r, missing):
         """One line; a figure some cells could not count is marked '+?' (a lower bound)."""
         shown = {"prompts": f"{r['prompts']:,d}", "generated_tokens": f"{r['generated_tokens']:,d}",
                  "positions": _si(r["positions"]), "weight_bytes": _si(r["weight_bytes"], "B"),
-                 "seconds": f"{r['seconds'] / 3600:.2f}"}
+                 "seconds": _hours(r["seconds"])}
         shown = {k: v + ("+?" if k in missing else "") for k, v in shown.items()}
         return (f"{name:24s} {r['cells']:6d} {shown['prompts']:>9s} {shown['generated_tokens']:>10s} "
                 f"{shown['positions']:>10s} {shown['weight_bytes']:>13s} {shown['seconds']:>10s}")
 
     for model, r in sorted(cost["per_model"].items()):
         lines.append(row(model, r, {what for m, what in cost["unknown"] if m == model}))
-    lines.append(row("total", cost["generate"], unknown))
+    lines.append(row("all cells", cost["generate"], {what for _, what in cost["unknown"]}))
+    priced = sorted(((s, c) for c, s in cost["per_cell"].items() if s is not None), reverse=True)
+    shown = priced if len(priced) <= 20 else priced[:10]
+    lines.append(f"per cell ({'all' if shown is priced else f'the {len(shown)} longest of {len(priced)}'}), "
+                 f"{hours}:")
+    lines += [f"  {cell}: {_hours(s)}" for s, cell in shown]
+    lines.append(f"probe jobs ({cost['probes']['jobs']}): {_hours(cost['probes']['seconds'])} {hours}")
+    if d["kind"] == "cpu":
+        lines.append(f"other jobs and the scheduler: {_hours(cost['other_jobs_seconds'])} {hours}")
+    lines.append(f"total: {_hours(cost['total_seconds'])} {hours} ({cost['total_seconds']:,.0f} s)")
     for m, s in cost["sources"]["parameters"].items():
-        lines.append(f"  {m}: {_si(s['parameters']) if s['parameters'] else '?'} parameters ({s['from']})")
+        active = (f", {_si(s['active_parameters'])} active" if s.get("active_parameters") not in
+                  (None, s["parameters"]) else "")
+        layers = f", {s['layers']} layers" if s.get("layers") else ""
+        lines.append(f"  {m}: {_si(s['parameters']) if s['parameters'] else '?'} parameters{active}{layers} "
+                     f"({s['from']})")
     by_benchmark: dict[tuple[str, Any, str], list[str]] = {}
     for mb, s in cost["sources"]["prompt_tokens"].items():
         model, bench = mb.split("/", 1)

@@ -1,6 +1,17 @@
 # Each model is prepared once (downloaded or dequantised, saved as safetensors).
 
 
+# Before the first job (not in a dry run): every hub model not yet prepared can be reached,
+# from the network or the local cache, with its token and revision; else stop, naming the
+# model, the cause and the fix.
+onstart:
+    from tokenflip.hub_check import hub_problems
+
+    _problems = hub_problems(config, os.path.dirname(LAYOUT.model_dir("_")))
+    if _problems:
+        raise SystemExit("tokenflip: hub models that cannot be prepared here:\n  " + "\n  ".join(_problems))
+
+
 rule prepare_model:
     output:
         directory(LAYOUT.model_pattern),
@@ -11,7 +22,9 @@ rule prepare_model:
     conda:
         "../../envs/tokenflip.yaml"
     shell:
-        "tokenflip prepare-model --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
+        # On failure the log's end (its cause) goes to the console, not only into the log.
+        "tokenflip prepare-model --spec {params.spec:q} --out {output:q} > {log:q} 2>&1 "
+        "|| {{ echo 'prepare_model {wildcards.model} failed; the end of {log}:' >&2; tail -n 12 {log:q} >&2; exit 1; }}"
 
 
 # Before any generation job: the model's tokenizer takes every prompt of the benchmark in

@@ -1,0 +1,89 @@
+"""Hub models checked before the first job; a failed preparation says why on the console;
+a partial report does not speak of pairs that never ran. Run for real: this machine has no
+network, and HF_HUB_OFFLINE with an empty cache is what a compute node without one sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import snakemake_command, tiny_study, write_yaml
+
+GATED = "meta-llama/Llama-2-7b-hf"
+
+
+def _hub_study(tmp_path, model: dict) -> dict:
+    config = tiny_study()
+    config["models"] = {"hubmodel": model}
+    config.pop("probes")
+    return config
+
+
+def _snakemake(work, config, *extra, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(snakemake_command(work, config, *extra), capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def _offline_env(tmp_path) -> dict:
+    return dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"))
+
+
+def _hub_problems(tmp_path, env, models_dir="absent") -> list[str]:
+    code = ("import json, sys; from tokenflip.hub_check import hub_problems; "
+            "print(json.dumps(hub_problems(json.loads(sys.argv[1]), sys.argv[2])))")
+    config = {"models": {"hubmodel": {"source": "hf", "id": GATED, "revision": "main"}}}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(config), str(tmp_path / models_dir)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_an_offline_hub_model_without_a_cached_copy_is_refused_before_any_job(tmp_path):
+    config = write_yaml(tmp_path / "study.yaml", _hub_study(tmp_path, {"source": "hf", "id": GATED}))
+    work = tmp_path / "run"
+    env = _offline_env(tmp_path)
+    # A dry run still lists the study (planning never reaches the hub) ...
+    dry = _snakemake(work, config, "-n", env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    # ... a real run stops before its first job, naming the model, the cause and the fix.
+    proc = _snakemake(work, config, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"model 'hubmodel' ({GATED})" in out and "HF_HUB_OFFLINE is set" in out
+    assert str(tmp_path / "hf-home") in out and "snakemake --until prepare_model" in out
+    assert not (work / "logs").exists() and not (work / "resources").exists()
+
+
+def test_a_prepared_hub_model_is_not_checked(tmp_path):
+    env = _offline_env(tmp_path)
+    assert len(_hub_problems(tmp_path, env)) == 1
+    (tmp_path / "models" / "hubmodel").mkdir(parents=True)
+    (tmp_path / "models" / "hubmodel" / "model.json").write_text("{}")
+    assert _hub_problems(tmp_path, env, "models") == []
+
+
+def test_without_network_or_offline_mode_the_cause_and_the_fix_are_named(tmp_path):
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf-home"))
+    env.pop("HF_HUB_OFFLINE", None)
+    problems = _hub_problems(tmp_path, env)
+    # Here the hub cannot be reached; with network, the gated repository needs a token.
+    assert len(problems) == 1 and problems[0].startswith(f"model 'hubmodel' ({GATED} at revision 'main')")
+    assert ("the hub cannot be reached" in problems[0] and "snakemake --until prepare_model" in problems[0]) or \
+        "gated repository" in problems[0], problems[0]
+
+
+def test_a_failed_preparation_shows_its_cause_and_the_partial_report_no_pair_verdict(tmp_path):
+    not_a_checkpoint = tmp_path / "empty-checkpoint"
+    not_a_checkpoint.mkdir()
+    config = write_yaml(tmp_path / "study.yaml", _hub_study(tmp_path, {"source": "hf", "id": str(not_a_checkpoint)}))
+    work = tmp_path / "run"
+    proc = _snakemake(work, config, "--keep-going")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "prepare_model hubmodel failed; the end of logs/inc/prepare_model/hubmodel.log:" in out
+    assert "tokenflip prepare-model: error:" in out and "config.json" in out
+    partial = (work / "reports" / "inc" / "partial.html").read_text()
+    assert "No prompt diverged in any pair" not in partial
+    assert "No pair has been compared yet (2 missing)" in " ".join(partial.split())
