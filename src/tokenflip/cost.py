@@ -143,7 +143,7 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
                                               "seconds")}
     unknown: set[tuple[str, str]] = set()
     start = device.cpu.job_start_s if device.cpu else 0.0
-    # llama.cpp runs on the CPU with its own kernels: counted apart, not priced.
+    # Other engines (llama.cpp, vLLM) run their own kernels: counted apart, not priced.
     cpu_cells = Counter(cell.engine for cell in cells if cell.engine != TRANSFORMERS)
     for cell in cells:
         if cell.engine in cpu_cells:
@@ -219,7 +219,7 @@ def price(config: dict[str, Any], device_kind: str = "gpu", bandwidth_gbs: float
         from .calibrate import calibrate
         from .plan import expand_cells, probe_targets
 
-        cells = [cell for cell in expand_cells(config) if cell.engine == TRANSFORMERS]  # llama.cpp: not priced
+        cells = [cell for cell in expand_cells(config) if cell.engine == TRANSFORMERS]  # other engines: not priced
         device.cpu = calibrate(config, cells, probe_targets(config), root=root)
     return study_cost(config, device, root=root, prompt_tokens=prompt_tokens)
 
@@ -309,7 +309,8 @@ def format_cost(cost: dict[str, Any]) -> str:
         lines.append(f"  {bench} ({who}): {tokens:.0f} prompt tokens ({source})" if tokens else
                      f"  {bench} ({who}): prompt length {source}")
     for engine, n in cost.get("cpu_cells", {}).items():
-        lines.append(f"  not priced: {n} {engine} cell(s), which run on the CPU")
+        where = "run on the CPU" if engine == "llama.cpp" else "run in the engine's own kernels and scheduler"
+        lines.append(f"  not priced: {n} {engine} cell(s), which {where} (perf/engines.py, perf/vllm.py time them)")
     if cost["unknown"]:
         lines.append("  not counted (unknown inputs): " + ", ".join(f"{m} {what}" for m, what in cost["unknown"]))
     return "\n".join(lines)
