@@ -171,7 +171,9 @@ AXIS_WORDS = {"precision": "precision", "cache": "KV cache", "batch_size": "batc
               "device": "device", "deterministic": "deterministic algorithms", "repeat": "the same cell run again",
               "prefill_chunk": "chunked prefill", "prefix_cache": "prefix caching",
               "kv_dtype": "KV cache storage format", "cache_impl": "KV cache implementation",
-              "compile": "compiled forward pass", "engine": "inference engine"}
+              "compile": "compiled forward pass", "engine": "inference engine",
+              "concurrency": "requests in flight", "batch_invariant": "batch-invariant kernels",
+              "tensor_parallel": "devices the model is split over"}
 KV_DTYPE_WORDS = {"default": "KV cache kept in the compute precision", "fp8_e4m3": "KV cache stored in FP8 E4M3",
                   "fp8_e5m2": "KV cache stored in FP8 E5M2", "int4": "KV cache stored in 4-bit integers",
                   "int8": "KV cache stored in 8-bit integers"}
@@ -197,6 +199,12 @@ def value_words(axis: str, value: Any, interventions: dict[str, Any] | None = No
             gate = f"gated by margin < {spec.get('tau', 1e-3)}" if spec.get("gated", True) else "on every step"
             return f"{value} (the LM head recomputed in fp32, {gate})"
         return f"{value} ({kind})"
+    if axis == "concurrency":
+        return "vLLM's default number of requests in flight" if value == "default" else (
+            "one request at a time" if value == "1" else f"{value} requests in flight")
+    if axis == "prefix_cache":
+        return {"off": "no prefix cache", "on": "a warm prefix cache", "cold": "a prefix cache filled as requests "
+                "arrive"}.get(value, f"prefix cache {value}")
     if axis in ("precision", "decoding"):
         return value
     return f"{AXIS_WORDS.get(axis, axis.replace('_', ' '))} {value}"

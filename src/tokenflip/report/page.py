@@ -60,7 +60,8 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         title=(title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}")
         + (" (partial: some jobs failed)" if partial else ""),
         run=config["run"],
-        headline=_truncation_lines(cells_df, unmeasured) + _headline(done_pairs, config.get("interventions")),
+        headline=(_truncation_lines(cells_df, unmeasured) + _prefix_cache_lines(cells_df)
+                  + _headline(done_pairs, config.get("interventions"))),
         unmeasured=unmeasured,
         **diverged_view(_read_optional(summary_dir / "diverged.parquet"), pairs_df),
         **paper_placement(paper.comparison_rows(
@@ -256,6 +257,17 @@ def _truncation_lines(cells: pd.DataFrame, unmeasured: dict[str, str]) -> list[s
                 "\"cut\" column; raise max_new_tokens)."]
     return [f"{cell}: {note} before any answer: accuracy is not measured (raise max_new_tokens)."
             for cell, note in unmeasured.items()]
+
+
+def _prefix_cache_lines(cells: pd.DataFrame) -> list[str]:
+    """Cells that asked a serving engine for a prefix cache that served nothing: their pairs
+    say nothing about the cache (a cold cache whose requests shared no whole block)."""
+    if cells.empty or "prefix_cached_tokens" not in cells or "prefix_cache" not in cells:
+        return []
+    unhit = cells[(cells["status"] == "done") & (cells["prefix_cache"].astype(str) != "off")
+                  & (cells["prefix_cached_tokens"].fillna(-1) == 0)]
+    return [f"{r.cell_id}: the prefix cache was on but served no prompt token (no request shared a whole KV "
+            f"block with an earlier one): its pairs measure nothing of the cache." for r in unhit.itertuples()]
 
 
 # The CPU extensions that decide which 16-bit kernels run (provenance.KERNEL_FLAGS holds
