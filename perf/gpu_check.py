@@ -301,11 +301,33 @@ def compare_with_generate(model, ids, mask, new_tokens: int, use_cache: bool, eo
         n = len(gen.token_ids)
         tokens_equal &= gen.token_ids == expected[:n] and all(t == pad for t in expected[n:])
     steps_equal = ours.steps == len(ref.logits)
-    ok = steps_equal and first_diff is None and tokens_equal
+    record_equal = record_matches(ours.generations, seen)
+    ok = steps_equal and first_diff is None and tokens_equal and record_equal
     return {"status": "pass" if ok else "fail", "steps": ours.steps, "generate_steps": len(ref.logits),
             "tokens_equal": tokens_equal, "logits_equal": first_diff is None and steps_equal,
+            "record_equal": record_equal,
             "first_logit_diff_step": first_diff, "max_abs_logit_diff": _finite(max_diff),
             "prompt_tokens": int(ids.shape[1])}
+
+
+def record_matches(generations, step_logits) -> bool:
+    """Whether the loop's record (kept on the device, moved once) holds, bitwise, the
+    statistics `step_statistics` computes alone from each step's logits."""
+    import numpy as np
+
+    from tokenflip.decode import step_statistics
+
+    for step, logits in enumerate(step_logits):
+        expected = {name: t.cpu().numpy() for name, t in step_statistics(logits, 16).items()}
+        for row, gen in enumerate(generations):
+            if step >= len(gen.token_ids):
+                continue
+            got = {"top_ids": gen.top_ids[step], "top_logits": gen.top_logits[step], "margin": gen.margin[step],
+                   "logsumexp": gen.logsumexp[step], "entropy": gen.entropy[step]}
+            if not all(np.asarray(got[name]).astype(values.dtype).tobytes() == values[row].tobytes()
+                       for name, values in expected.items()):
+                return False
+    return True
 
 
 def part_decode_equals_generate(rec: Recorder, args) -> None:
@@ -519,10 +541,27 @@ def parse_decode_vs_generate(text: str) -> dict[str, Any]:
             "tok_s_wall": tok_s,
             "decode_over_generate": _float(re.search(r"decode / generate throughput: ([\d.]+)x", block)),
             "recording_overhead_pct": _float(re.search(r"recording overhead .*?: ([+-][\d.]+)%", block)),
-            "record_alone_pct_of_step": _float(re.search(r"record_step alone: .*?= ([\d.]+)% of a step", block)),
+            "record_alone_pct_of_step": _float(re.search(r"record alone: .*?= ([\d.]+)% of a step", block)),
             "at_equal_forward_time": _float(re.search(r"at equal forward time: decode / generate ([\d.]+)x", block)),
+            "host_ms_per_step_outside_forward": _per_variant(
+                re.search(r"host time outside it: (.*?)   target", block), r" ([\d.]+) ms"),
+            "decode_host_ms_without_statistics_arithmetic": _float(
+                re.search(r"without the statistics' arithmetic .*?: decode ([\d.]+) ms", block)),
+            "syncs_per_step_outside_forward": _per_variant(
+                re.search(r"synchronisations per step, outside the forward pass \(inside it\): (.*)", block),
+                r" ([\d.]+) \("),
+            "cuda_syncs_per_step_outside_forward": _per_variant(
+                re.search(r"by CUDA's sync debug mode: (.*)", block), r" ([\d.]+) \("),
         }
     return out
+
+
+def _per_variant(line: re.Match | None, number: str) -> dict[str, float]:
+    """{variant: figure} from a line listing "generate <figure>, decode <figure>, ...". """
+    if not line:
+        return {}
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r"(generate|decode-norecord|decode)" + number, line.group(1))}
 
 
 def parse_interventions(text: str) -> dict[str, Any]:
@@ -553,13 +592,15 @@ def perf_runs(args) -> list[tuple[str, list[str], float, Callable[[str], dict]]]
     """(script, arguments, share of the part's time, parser) of each performance script."""
     if args.device == "cuda":
         model = ["--model", "random-7b", "--layers", str(args.perf_layers)]
-        return [("decode_vs_generate", [*model, "--new-tokens", "64", "--rounds", "4"], 0.45,
+        return [("decode_vs_generate", [*model, "--new-tokens", "64", "--rounds", "3", "--batch-sizes", "1", "8", "32"],
+                 0.45,
                  parse_decode_vs_generate),
                 ("interventions", [*model, "--new-tokens", "64", "--rounds", "5", "--prompts", "4"], 0.35,
                  parse_interventions),
                 ("cache_off_scaling", [*model, "--lengths", "32", "64", "128"], 0.20, parse_cache_off)]
     model = ["--model", "random-small"]
-    return [("decode_vs_generate", [*model, "--new-tokens", "4", "--rounds", "1"], 0.45, parse_decode_vs_generate),
+    return [("decode_vs_generate", [*model, "--new-tokens", "4", "--rounds", "1", "--batch-sizes", "1", "8"], 0.45,
+             parse_decode_vs_generate),
             ("interventions", [*model, "--new-tokens", "4", "--rounds", "1", "--prompts", "1"], 0.35,
              parse_interventions),
             ("cache_off_scaling", [*model, "--lengths", "4", "8"], 0.20, parse_cache_off)]
@@ -917,7 +958,9 @@ def summary_table(result: dict[str, Any]) -> str:
     if perf.get("decode_vs_generate"):
         for bs, f in perf["decode_vs_generate"].items():
             lines.append(f"  {bs}: decode/generate {f.get('decode_over_generate')}x, recording "
-                         f"{f.get('recording_overhead_pct')}%, tok/s {f.get('tok_s_wall')}")
+                         f"{f.get('recording_overhead_pct')}%, tok/s {f.get('tok_s_wall')}, host ms per step "
+                         f"outside the forward {f.get('host_ms_per_step_outside_forward')}, syncs per step "
+                         f"{f.get('cuda_syncs_per_step_outside_forward') or f.get('syncs_per_step_outside_forward')}")
     if perf.get("interventions"):
         f = perf["interventions"]
         lines.append(f"  C-gated {f['C_gated_pct']:+.1f}% (paper < 4%), C-ungated {f['C_ungated_pct']:+.1f}%, "
