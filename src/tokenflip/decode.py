@@ -143,8 +143,9 @@ class StepRecord:
 
     def _allocate(self, logits: torch.Tensor) -> None:
         shape, device = (self.capacity, self.batch), logits.device
-        self.buffers = {**_statistics_buffers(shape, min(self.k, logits.shape[-1]), device),
-                        "chosen": torch.empty(shape, dtype=torch.long, device=device),
+        # 8-byte values first, so that each one's host view is aligned
+        self.buffers = {"chosen": torch.empty(shape, dtype=torch.long, device=device),
+                        **_statistics_buffers(shape, min(self.k, logits.shape[-1]), device),
                         "active": torch.empty(shape, dtype=torch.bool, device=device),
                         "intervened": torch.zeros(shape, dtype=torch.bool, device=device)}
         self.scratch = (torch.empty_like(logits), torch.empty_like(logits))
