@@ -592,7 +592,7 @@ def perf_runs(args) -> list[tuple[str, list[str], float, Callable[[str], dict]]]
     """(script, arguments, share of the part's time, parser) of each performance script."""
     if args.device == "cuda":
         model = ["--model", "random-7b", "--layers", str(args.perf_layers)]
-        return [("decode_vs_generate", [*model, "--new-tokens", "64", "--rounds", "3", "--batch-sizes", "1", "8", "32"],
+        return [("decode_vs_generate", [*model, "--new-tokens", "48", "--rounds", "3", "--batch-sizes", "1", "8", "32"],
                  0.45,
                  parse_decode_vs_generate),
                 ("interventions", [*model, "--new-tokens", "64", "--rounds", "5", "--prompts", "4"], 0.35,
