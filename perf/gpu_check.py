@@ -42,7 +42,7 @@ PERF = Path(__file__).resolve().parent
 if str(PERF) not in sys.path:  # the parts' package beside this file (loaded by path in the tests)
     sys.path.append(str(PERF))
 
-from gpu_checks.decode import part_decode_equals_generate  # noqa: E402
+from gpu_checks.decode import part_decode_equals_generate, record_matches  # noqa: E402,F401 - the tests read it here
 from gpu_checks.divergence import DIVERGENCE_PAIRS, part_divergence  # noqa: E402,F401 - the tests read the pairs here
 from gpu_checks.environment import environment, locked_versions  # noqa: E402,F401
 from gpu_checks.models import REAL_LAYERS  # noqa: E402
@@ -138,7 +138,9 @@ def summary_table(result: dict[str, Any]) -> str:
     if perf.get("decode_vs_generate"):
         for bs, f in perf["decode_vs_generate"].items():
             lines.append(f"  {bs}: decode/generate {f.get('decode_over_generate')}x, recording "
-                         f"{f.get('recording_overhead_pct')}%, tok/s {f.get('tok_s_wall')}")
+                         f"{f.get('recording_overhead_pct')}%, tok/s {f.get('tok_s_wall')}, host ms per step "
+                         f"outside the forward {f.get('host_ms_per_step_outside_forward')}, syncs per step "
+                         f"{f.get('cuda_syncs_per_step_outside_forward') or f.get('syncs_per_step_outside_forward')}")
     if perf.get("interventions"):
         f = perf["interventions"]
         lines.append(f"  C-gated {f['C_gated_pct']:+.1f}% (paper < 4%), C-ungated {f['C_ungated_pct']:+.1f}%, "

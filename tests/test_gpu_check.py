@@ -107,6 +107,31 @@ def test_a_script_past_its_share_is_interrupted_in_process():
     assert gpu_check.call_with_timeout(lambda: "quick", 5) == ("quick", False)
 
 
+def test_the_record_check_sees_one_changed_bit(prepared_models):
+    """Part 1 compares the loop's record with the statistics of each step's logits: equal
+    as the loop writes it, unequal once one value moves by one unit in the last place."""
+    import numpy as np
+    import torch
+
+    from tokenflip.decode import decode, greedy, left_pad
+    from tokenflip.models import load_prepared
+
+    model, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
+    ids, mask = left_pad([[5, 17, 230, 41], [12, 8]], tokenizer.pad_token_id)
+    seen: list[torch.Tensor] = []
+
+    def select(logits, step):
+        seen.append(logits.clone())
+        return greedy(logits, step)
+
+    out = decode(model, ids, mask, max_new_tokens=4, use_cache=True, eos_token_ids=[-1],
+                 pad_token_id=tokenizer.pad_token_id, select=select)
+    assert gpu_check.record_matches(out.generations, seen)
+    entropy = out.generations[1].entropy
+    entropy[2] = float(np.nextafter(np.float32(entropy[2]), np.float32(np.inf)))
+    assert not gpu_check.record_matches(out.generations, seen)
+
+
 @pytest.mark.slow
 def test_gpu_check_passes_end_to_end_on_the_cpu(tmp_path, prepared_models):
     # The pipeline's model as the GPU run gets it: a carried local directory.
@@ -131,6 +156,7 @@ def test_gpu_check_passes_end_to_end_on_the_cpu(tmp_path, prepared_models):
     combos = {(c["arch"], c["precision"], c["cache"], c["batch_size"]) for c in checks}
     assert combos == set(itertools.product(["llama", "mistral", "gemma2"], ["fp16", "bf16"], [True, False], [1, 4]))
     assert all(c["tokens_equal"] and c["logits_equal"] and c["max_abs_logit_diff"] == 0.0 for c in checks)
+    assert all(c["record_equal"] for c in checks)
     models = parts["decode_equals_generate"]["models"]
     for arch in ("mistral", "gemma2"):  # the sliding window is crossed
         window = models[arch]["sliding_window"]
@@ -151,6 +177,11 @@ def test_gpu_check_passes_end_to_end_on_the_cpu(tmp_path, prepared_models):
         assert perf["decode_vs_generate"][bs]["tokens_identical"]
         assert set(perf["decode_vs_generate"][bs]["tok_s_wall"]) == {"generate", "decode", "decode-norecord"}
         assert perf["decode_vs_generate"][bs]["decode_over_generate"] > 0
+        host_ms = perf["decode_vs_generate"][bs]["host_ms_per_step_outside_forward"]
+        assert set(host_ms) == {"generate", "decode", "decode-norecord"} and all(v > 0 for v in host_ms.values())
+        # 4 new tokens: one synchronisation per step, a fixed few per batch; generate() has more
+        syncs = perf["decode_vs_generate"][bs]["syncs_per_step_outside_forward"]
+        assert set(syncs) == set(host_ms) and 1 <= syncs["decode"] <= 1 + 3 / 4 and syncs["decode"] < syncs["generate"]
     assert {"C_gated_pct", "C_ungated_pct", "global_fp32_pct"} <= set(perf["interventions"])
     assert set(perf["cache_off_scaling"]["per_new_tokens"]) == {"4", "8"}
     assert "off_step_ms_per_context_token" in perf["cache_off_scaling"]

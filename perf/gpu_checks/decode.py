@@ -40,11 +40,33 @@ def compare_with_generate(model, ids, mask, new_tokens: int, use_cache: bool, eo
         n = len(gen.token_ids)
         tokens_equal &= gen.token_ids == expected[:n] and all(t == pad for t in expected[n:])
     steps_equal = ours.steps == len(ref.logits)
-    ok = steps_equal and first_diff is None and tokens_equal
+    record_equal = record_matches(ours.generations, seen)
+    ok = steps_equal and first_diff is None and tokens_equal and record_equal
     return {"status": "pass" if ok else "fail", "steps": ours.steps, "generate_steps": len(ref.logits),
             "tokens_equal": tokens_equal, "logits_equal": first_diff is None and steps_equal,
+            "record_equal": record_equal,
             "first_logit_diff_step": first_diff, "max_abs_logit_diff": _finite(max_diff),
             "prompt_tokens": int(ids.shape[1])}
+
+
+def record_matches(generations, step_logits) -> bool:
+    """Whether the loop's record (kept on the device, moved once) holds, bitwise, the
+    statistics `step_statistics` computes alone from each step's logits."""
+    import numpy as np
+
+    from tokenflip.decode import step_statistics
+
+    for step, logits in enumerate(step_logits):
+        expected = {name: t.cpu().numpy() for name, t in step_statistics(logits, 16).items()}
+        for row, gen in enumerate(generations):
+            if step >= len(gen.token_ids):
+                continue
+            got = {"top_ids": gen.top_ids[step], "top_logits": gen.top_logits[step], "margin": gen.margin[step],
+                   "logsumexp": gen.logsumexp[step], "entropy": gen.entropy[step]}
+            if not all(np.asarray(got[name]).astype(values.dtype).tobytes() == values[row].tobytes()
+                       for name, values in expected.items()):
+                return False
+    return True
 
 
 def part_decode_equals_generate(rec: Recorder, args) -> None:

@@ -29,10 +29,27 @@ def parse_decode_vs_generate(text: str) -> dict[str, Any]:
             "tok_s_wall": tok_s,
             "decode_over_generate": _float(re.search(r"decode / generate throughput: ([\d.]+)x", block)),
             "recording_overhead_pct": _float(re.search(r"recording overhead .*?: ([+-][\d.]+)%", block)),
-            "record_alone_pct_of_step": _float(re.search(r"record_step alone: .*?= ([\d.]+)% of a step", block)),
+            "record_alone_pct_of_step": _float(re.search(r"record alone: .*?= ([\d.]+)% of a step", block)),
             "at_equal_forward_time": _float(re.search(r"at equal forward time: decode / generate ([\d.]+)x", block)),
+            "host_ms_per_step_outside_forward": _per_variant(
+                re.search(r"host time outside it: (.*?)   target", block), r" ([\d.]+) ms"),
+            "decode_host_ms_without_statistics_arithmetic": _float(
+                re.search(r"without the statistics' arithmetic .*?: decode ([\d.]+) ms", block)),
+            "syncs_per_step_outside_forward": _per_variant(
+                re.search(r"synchronisations per step, outside the forward pass \(inside it\): (.*)", block),
+                r" ([\d.]+) \("),
+            "cuda_syncs_per_step_outside_forward": _per_variant(
+                re.search(r"by CUDA's sync debug mode: (.*)", block), r" ([\d.]+) \("),
         }
     return out
+
+
+def _per_variant(line: re.Match | None, number: str) -> dict[str, float]:
+    """{variant: figure} from a line listing "generate <figure>, decode <figure>, ...". """
+    if not line:
+        return {}
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r"(generate|decode-norecord|decode)" + number, line.group(1))}
 
 
 def parse_interventions(text: str) -> dict[str, Any]:
@@ -63,13 +80,14 @@ def perf_runs(args) -> list[tuple[str, list[str], float, Callable[[str], dict]]]
     """(script, arguments, share of the part's time, parser) of each performance script."""
     if args.device == "cuda":
         model = ["--model", "random-7b", "--layers", str(args.perf_layers)]
-        return [("decode_vs_generate", [*model, "--new-tokens", "64", "--rounds", "4"], 0.45,
-                 parse_decode_vs_generate),
+        return [("decode_vs_generate", [*model, "--new-tokens", "48", "--rounds", "3", "--batch-sizes", "1", "8", "32"],
+                 0.45, parse_decode_vs_generate),
                 ("interventions", [*model, "--new-tokens", "64", "--rounds", "5", "--prompts", "4"], 0.35,
                  parse_interventions),
                 ("cache_off_scaling", [*model, "--lengths", "32", "64", "128"], 0.20, parse_cache_off)]
     model = ["--model", "random-small"]
-    return [("decode_vs_generate", [*model, "--new-tokens", "4", "--rounds", "1"], 0.45, parse_decode_vs_generate),
+    return [("decode_vs_generate", [*model, "--new-tokens", "4", "--rounds", "1", "--batch-sizes", "1", "8"], 0.45,
+             parse_decode_vs_generate),
             ("interventions", [*model, "--new-tokens", "4", "--rounds", "1", "--prompts", "1"], 0.35,
              parse_interventions),
             ("cache_off_scaling", [*model, "--lengths", "4", "8"], 0.20, parse_cache_off)]

@@ -108,14 +108,113 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[tor
     return ids, mask
 
 
-def step_statistics(logits: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
-    """Top-k ids and logits, top-1 minus top-2 margin, logsumexp and entropy of fp32 logits."""
-    top = torch.topk(logits, k=min(k, logits.shape[-1]), dim=-1)
-    lse = torch.logsumexp(logits, dim=-1)
-    logp = logits - lse[:, None]
-    entropy = -(logp.exp() * logp).sum(dim=-1)
-    return {"top_ids": top.indices, "top_logits": top.values,
-            "margin": top.values[:, 0] - top.values[:, 1], "logsumexp": lse, "entropy": entropy}
+def _statistics_buffers(shape: tuple[int, ...], k: int, device) -> dict[str, torch.Tensor]:
+    """Empty buffers for `step_statistics`: top-k ids (int64, as topk gives them) and logits
+    of shape [*shape, k], the other statistics [*shape]."""
+    return {"top_ids": torch.empty((*shape, k), dtype=torch.long, device=device),
+            "top_logits": torch.empty((*shape, k), dtype=torch.float32, device=device),
+            **{name: torch.empty(shape, dtype=torch.float32, device=device)
+               for name in ("margin", "logsumexp", "entropy")}}
+
+
+def step_statistics(logits: torch.Tensor, k: int, out: dict[str, torch.Tensor] | None = None,
+                    scratch: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Top-k ids and logits, top-1 minus top-2 margin, logsumexp and entropy of fp32 logits.
+
+    With `out` (one step's buffers) and `scratch` (two [B, V] fp32 tensors) it writes into
+    them and allocates nothing, so a loop keeps every step on the device; the kernels and
+    so the values are the same either way."""
+    batch, vocab = logits.shape
+    out = _statistics_buffers((batch,), min(k, vocab), logits.device) if out is None else out
+    logp_buffer, p_buffer = scratch if scratch is not None else (None, None)
+    torch.topk(logits, k=out["top_ids"].shape[-1], dim=-1, out=(out["top_logits"], out["top_ids"]))
+    torch.sub(out["top_logits"][:, 0], out["top_logits"][:, 1], out=out["margin"])
+    lse = torch.logsumexp(logits, dim=-1, out=out["logsumexp"])
+    logp = torch.sub(logits, lse[:, None], out=logp_buffer)
+    # entropy = -sum(exp(logp) * logp)
+    torch.sum(torch.exp(logp, out=p_buffer).mul_(logp), dim=-1, out=out["entropy"]).neg_()
+    return out
+
+
+# Why a row ended, kept on the device as an index into this tuple while the batch runs.
+FINISH_REASONS = ("length", "eos", "stop")
+_EOS, _STOP = FINISH_REASONS.index("eos"), FINISH_REASONS.index("stop")
+
+
+class StepRecord:
+    """One batch's per-step record, kept on the logits' device in buffers sized for every
+    step: a step writes its statistics there without waiting for the device, and the whole
+    record moves to the host once, after the last step, in one transfer. The host's work
+    per step does not grow with the batch size."""
+
+    def __init__(self, batch: int, steps: int, k: int):
+        self.batch, self.capacity, self.k = batch, steps, k
+        self.steps = 0
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def _allocate(self, logits: torch.Tensor) -> None:
+        shape, device = (self.capacity, self.batch), logits.device
+        # 8-byte values first, so that each one's host view is aligned
+        self.buffers = {"chosen": torch.empty(shape, dtype=torch.long, device=device),
+                        **_statistics_buffers(shape, min(self.k, logits.shape[-1]), device),
+                        "active": torch.empty(shape, dtype=torch.bool, device=device),
+                        "intervened": torch.zeros(shape, dtype=torch.bool, device=device)}
+        self.scratch = (torch.empty_like(logits), torch.empty_like(logits))
+
+    def add(self, logits: torch.Tensor, chosen: torch.Tensor, unfinished: torch.Tensor,
+            fired: torch.Tensor | None) -> None:
+        """Record one step: fp32 logits [B, V], the chosen tokens, the rows still generating
+        (only they keep the step), and the rows an intervention fired on (None: none)."""
+        if not self.buffers:
+            self._allocate(logits)
+        step = {name: buffer[self.steps] for name, buffer in self.buffers.items()}
+        step_statistics(logits, self.k, out=step, scratch=self.scratch)
+        step["chosen"].copy_(chosen)
+        step["active"].copy_(unfinished)
+        if fired is not None:
+            step["intervened"].copy_(fired)
+        self.steps += 1
+
+    def append_to(self, generations: list[Generation], finish: torch.Tensor | None = None) -> None:
+        """Move the record to the host (one transfer) and append each row's steps to its
+        Generation; `finish` holds each row's index into FINISH_REASONS."""
+        tensors = {name: buffer[:self.steps] for name, buffer in self.buffers.items()}
+        if finish is not None:
+            tensors["finish"] = finish
+        host = _to_host(tensors)
+        if self.steps:
+            _append_steps(generations, host)
+        for gen, reason in zip(generations, host.get("finish", ())):
+            gen.finish_reason = FINISH_REASONS[reason]
+
+
+_NUMPY_DTYPES = {torch.long: np.int64, torch.float32: np.float32, torch.bool: np.bool_, torch.int8: np.int8}
+
+
+def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Device tensors as host arrays, their bytes packed into one buffer so that they cross
+    in one transfer."""
+    packed = torch.cat([t.contiguous().view(torch.uint8).reshape(-1) for t in tensors.values()]).cpu().numpy()
+    out, offset = {}, 0
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        out[name] = packed[offset:offset + size].view(_NUMPY_DTYPES[t.dtype]).reshape(tuple(t.shape))
+        offset += size
+    return out
+
+
+def _append_steps(generations: list[Generation], host: dict[str, np.ndarray]) -> None:
+    """Append to each row the steps it was active in, from host arrays [steps, batch, ...]."""
+    top_ids = host["top_ids"].astype(np.int32)
+    for row, gen in enumerate(generations):
+        kept = host["active"][:, row]
+        gen.token_ids.extend(host["chosen"][kept, row].tolist())
+        gen.top_ids.extend(top_ids[kept, row])
+        gen.top_logits.extend(host["top_logits"][kept, row])
+        gen.margin.extend(host["margin"][kept, row].tolist())
+        gen.logsumexp.extend(host["logsumexp"][kept, row].tolist())
+        gen.entropy.extend(host["entropy"][kept, row].tolist())
+        gen.intervened.extend(host["intervened"][kept, row].tolist())
 
 
 def _new_cache(model):
@@ -198,7 +297,8 @@ def decode(
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     stop = generated_only(stop, input_ids.shape[1])
-    generations = [Generation() for _ in range(batch)]
+    finish = torch.zeros(batch, dtype=torch.int8, device=device)
+    record = StepRecord(batch, max_new_tokens, record_top_k)
     start = time.perf_counter()
     steps = 0
     for step in range(max_new_tokens):
@@ -229,40 +329,28 @@ def decode(
         del out
         chosen = select(logits, step)
         fired = model.fired() if hasattr(model, "fired") else getattr(model.get_output_embeddings(), "fired", None)
-        record_step(generations, logits, chosen, unfinished, record_top_k, fired)
+        record.add(logits, chosen, unfinished, fired)
         chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_token_id))
         seqs.append(chosen)
         steps += 1
         hit_eos = torch.isin(chosen, eos) & unfinished
-        for row in torch.nonzero(hit_eos).flatten().tolist():
-            generations[row].finish_reason = "eos"
+        finish.masked_fill_(hit_eos, _EOS)
         unfinished &= ~hit_eos
         if stop is not None:
             hit_stop = stop(seqs.ids, logits).to(device) & unfinished
-            for row in torch.nonzero(hit_stop).flatten().tolist():
-                generations[row].finish_reason = "stop"
+            finish.masked_fill_(hit_stop, _STOP)
             unfinished &= ~hit_stop
-        if not bool(unfinished.any()):
+        if not bool(unfinished.any()):  # the step's one transfer to the host
             break
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    generations = [Generation() for _ in range(batch)]
+    record.append_to(generations, finish)
     return BatchResult(generations, time.perf_counter() - start, steps)
 
 
 def record_step(generations: list[Generation], logits: torch.Tensor, chosen: torch.Tensor,
                 unfinished: torch.Tensor, k: int, fired: torch.Tensor | None) -> None:
-    """Append one step (chosen token, top-k, margin, logsumexp, entropy) to each unfinished row."""
-    stats = {name: t.cpu() for name, t in step_statistics(logits, k).items()}
-    chosen = chosen.cpu().tolist()
-    active = unfinished.cpu().tolist()
-    fired = fired.cpu().tolist() if fired is not None else [False] * len(generations)
-    for row, gen in enumerate(generations):
-        if not active[row]:
-            continue
-        gen.token_ids.append(int(chosen[row]))
-        gen.top_ids.append(stats["top_ids"][row].numpy().astype(np.int32))
-        gen.top_logits.append(stats["top_logits"][row].numpy().astype(np.float32))
-        gen.margin.append(float(stats["margin"][row]))
-        gen.logsumexp.append(float(stats["logsumexp"][row]))
-        gen.entropy.append(float(stats["entropy"][row]))
-        gen.intervened.append(bool(fired[row]))
+    """Append one step (chosen token, top-k, margin, logsumexp, entropy) to each unfinished
+    row: the record of engines that step outside `decode`, written as `decode` writes it."""
+    record = StepRecord(len(generations), 1, k)
+    record.add(logits, chosen, unfinished, fired)
+    record.append_to(generations)
