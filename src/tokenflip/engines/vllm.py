@@ -52,7 +52,7 @@ PREFIX_CACHE = ("off", "cold", "on")
 # The variables that select vLLM's kernels and placement; recorded with each cell.
 ENV_KEYS = ("VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
             "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ATTENTION_BACKEND", "VLLM_ENABLE_V1_MULTIPROCESSING",
-            "CUDA_VISIBLE_DEVICES")
+            "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # vLLM's max_num_seqs when none is given (the offline LLM class, CPU and CUDA builds alike).
 DEFAULT_MAX_NUM_SEQS = 256
 # The KV cache vLLM reserves on a CPU (GiB) unless the user's environment says otherwise.
@@ -228,6 +228,10 @@ def engine_env(cell, device: str) -> dict[str, str]:
         elif len(cores) > 1:
             cores = cores[:-1]
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+        # One OpenMP thread per bound core, whatever the job inherited (Snakemake sets
+        # OMP_NUM_THREADS to the job's threads): more threads than bound cores run slower and
+        # split the reductions otherwise, so the logits would depend on the scheduler.
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(cores))
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
     return env
 
