@@ -25,7 +25,8 @@ from pathlib import Path
 import _common as c
 
 from tokenflip.engines import VLLM, unavailable
-from tokenflip.engines.vllm import DTYPES, call_worker
+from tokenflip.engines.vllm import DTYPES, call_worker, engine_env
+from tokenflip.jobs import Cell
 
 
 def main(argv=None) -> int:
@@ -72,7 +73,9 @@ def main(argv=None) -> int:
                "seeds": [None] * n, "stop": [], "stop_token_ids": [], "warm_prefix_cache": False,
                "env_keys": [], "rounds": rounds + 1}
         with tempfile.TemporaryDirectory() as tmp:
-            response = call_worker(req, {"VLLM_CPU_KVCACHE_SPACE": "1"}, Path(tmp))
+            # The cores and threads a vLLM cell's job gives it (its own CPU set, one core left to vLLM).
+            env = engine_env(Cell("smollm2", "perf", args.precision, "on", 1, "greedy", "none", engine="vllm"), "cpu")
+            response = call_worker(req, env, Path(tmp))
         work = sum(len(r["token_ids"]) for r in response["outputs"])
         measured = response["timing"]["rounds_s"][1:]
         same = sum(r["token_ids"] == list(t) for r, t in zip(response["outputs"], hf_tokens))

@@ -192,7 +192,7 @@ def paper_placement(rows: list[dict[str, str]]) -> dict[str, Any]:
 def pair_words(axis: str, a: Any, b: Any, interventions: dict[str, Any] | None = None) -> str:
     """What a comparison changes, in words ("KV cache stored in FP8 E5M2 vs KV cache kept in
     the compute precision (kv_dtype)", "batch size 1 vs 4")."""
-    if axis in ("kv_dtype", "prefill_chunk", "intervention"):
+    if axis in ("kv_dtype", "prefill_chunk", "intervention", "concurrency", "prefix_cache"):
         return (f"{value_words(axis, a, interventions)} vs {value_words(axis, b, interventions)} "
                 f"({axis})")
     return f"{AXIS_WORDS.get(axis, axis)} {a} vs {b}"
