@@ -174,7 +174,7 @@ def _refusal(grid: dict, models=None, interventions=None) -> str:
     ({"prefill_chunk": [16]}, "engine 'llama.cpp' with prefill_chunk 16"),
     ({"prefix_cache": ["on"]}, "engine 'llama.cpp' with prefix_cache 'on'"),
     ({"cache_impl": ["static"]}, "engine 'llama.cpp' with cache_impl 'static'"),
-    ({"engine": ["vllm"]}, "'vllm' is not one of ['transformers', 'llama.cpp']"),
+    ({"engine": ["sglang"]}, "'sglang' is not one of ['transformers', 'llama.cpp', 'vllm']"),
 ])
 def test_what_llama_cpp_cannot_honour_is_refused_with_the_reason(grid, expected):
     assert expected in _refusal(grid)
