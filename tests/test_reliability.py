@@ -188,11 +188,11 @@ def test_a_failing_model_still_gives_a_report_listing_its_cells_as_missing(finis
     # Good work for this run too: one finished cell is gone and must be made again.
     redo = workdir / cell_path("arith_a", "fp32-on-bs1-greedy-none")
     redo.unlink()
-    # A real failure: 3 key/value heads cannot be shared by 4 query heads. The model is
-    # built and saved fine; its first forward pass raises.
+    # A real failure that no check before the job can see: a negative rms_norm_eps. The model
+    # is built and saved fine; every logit of its forward pass is NaN, so its cells fail.
     config = tiny_study()
     config["models"]["broken"] = {"source": "random", "architecture": "llama", "seed": 0,
-                                  "overrides": {"num_key_value_heads": 3}}
+                                  "overrides": {"rms_norm_eps": -1.0}}
     config_path = write_yaml(tmp_path / "config.yaml", config)
     started = time.time()
     proc = run_snakemake(workdir, config_path, "--keep-going", check=False)
@@ -208,7 +208,7 @@ def test_a_failing_model_still_gives_a_report_listing_its_cells_as_missing(finis
     assert redo.stat().st_mtime > started
     assert (workdir / pair_path("arith_a", "cache", "on", "off", "fp32-x-bs1-greedy-none")).stat().st_mtime > started
     failed_log = (workdir / "logs/inc/generate/broken/arith_a/fp32-on-bs1-greedy-none.log").read_text()
-    assert "RuntimeError" in failed_log
+    assert "the logits are not finite" in failed_log
 
     # The onerror handler rendered the report over what exists ...
     assert "partial report" in out and report.stat().st_mtime > started
