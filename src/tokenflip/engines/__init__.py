@@ -47,10 +47,9 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
         where = f"grids.{i}"
         for name in dict.fromkeys(str(v) for v in grid_values(grid, "engine", defaults)):
             eng = engine(name)
-            if name != TRANSFORMERS:
-                reason = eng.unavailable()
-                if reason:
-                    yield f"{where}: {reason}"
+            reason = eng.unavailable()
+            if reason:
+                yield f"{where}: {reason}"
             yield from eng.refused_axes(config, grid, where, defaults)
             yield from eng.grid_problems(config, grid, where, defaults)
 

