@@ -3,8 +3,8 @@
 A CPU's time per step depends on what it has (avx512_bf16, avx512_fp16, amx) far more than
 a roofline says: without native fp16 an fp16 pass over a whole sequence costs tens of fp32
 steps. So the study's own models are timed here, one thread as the pipeline's CPU jobs
-run, in process CPU time: per precision a few decode steps with the cache on and a few
-without it (which fixes the time of a pass and of each position it processes), the real
+run, in process CPU time: per precision a few decode steps with the cache on and passes
+of growing length without it (which fix the time of a pass and of each position), the real
 prompts' lengths through the tokenizer, how long the first prompts' generations really
 run, the model's preparation and load, and the start of a job's interpreter.
 """
@@ -66,28 +66,47 @@ def _cpu_time(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.process_time() - t0
 
 
+def _one_pass_seconds(model, ids: list[int], pad: int, repeats: int) -> float:
+    """Fastest of `repeats` single passes of the decode loop over `ids` without a cache."""
+    import torch
+
+    from .decode import decode
+
+    x = torch.tensor([ids])
+    return min(_cpu_time(lambda: decode(model, x, torch.ones_like(x), max_new_tokens=1, use_cache=False,
+                                        eos_token_ids=[-1], pad_token_id=pad))[1] for _ in range(repeats))
+
+
+def position_seconds(model, prompt: list[int], pad: int, repeats: int = 2) -> float:
+    """Seconds per position of a pass: one pass over the prompt and one over the prompt tiled
+    to twice, four times, ... its length, until the longer pass takes at least twice the
+    shorter one (or the model's context is reached). A difference of two short passes is lost
+    in the timer's noise on a small model (a fit on them can come out at zero, pricing a
+    cache-off cell like a cache-on one); a difference as large as the pass itself cannot."""
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+    p = min(len(prompt), limit // 2)
+    short = _one_pass_seconds(model, prompt[:p], pad, repeats)
+    n, long = p, short
+    while long < 2 * short and 2 * n <= limit:
+        n *= 2
+        long = _one_pass_seconds(model, (prompt[:p] * (n // p + 1))[:n], pad, repeats)
+    return max(long - short, 0.0) / (n - p) if n > p else 0.0
+
+
 def fit_pass(model, prompt: list[int], pad: int, repeats: int = 2) -> tuple[float, float]:
-    """(seconds per pass, seconds per position) from the decode loop itself: 8 steps with
-    the cache on (the prefill, then one position a step) and 3 without it (the whole
-    sequence each step), the fastest of `repeats` runs of each."""
+    """(seconds per pass, seconds per position) from the decode loop itself: the position's
+    share from passes of growing length (`position_seconds`), the pass's from 8 steps with the
+    cache on (the prefill, then one position a step), the fastest of `repeats` runs."""
     import torch
 
     from .decode import decode
 
     ids = torch.tensor([prompt])
-    mask = torch.ones_like(ids)
-    p = len(prompt)
-    runs = {True: 8, False: 3}
-    seconds = {}
-    for cache, steps in runs.items():
-        seconds[cache] = min(_cpu_time(lambda: decode(model, ids, mask, max_new_tokens=steps, use_cache=cache,
-                                                      eos_token_ids=[-1], pad_token_id=pad))[1]
-                             for _ in range(repeats))
-    # on: 8 passes over p + 7 positions; off: 3 passes over 3p + 3 positions.
-    (n1, x1), (n2, x2) = (8, p + 7), (3, 3 * p + 3)
-    det = n1 * x2 - n2 * x1
-    b = max((n1 * seconds[False] - n2 * seconds[True]) / det, 0.0)
-    a = max((seconds[True] - b * x1) / n1, 0.0)
+    b = position_seconds(model, prompt, pad, repeats)
+    on = min(_cpu_time(lambda: decode(model, ids, torch.ones_like(ids), max_new_tokens=8, use_cache=True,
+                                      eos_token_ids=[-1], pad_token_id=pad))[1] for _ in range(repeats))
+    # 8 passes over p + 7 positions
+    a = max((on - b * (len(prompt) + 7)) / 8, 0.0)
     return a, b
 
 
