@@ -173,6 +173,26 @@ def test_a_vllm_cell_records_the_engine_its_arguments_and_its_prefix_cache(study
     np.testing.assert_allclose(row["margin"], [s[0] - s[1] for s in row["top_logits"]], rtol=0, atol=0)
 
 
+def test_vllm_ran_every_argument_the_cell_asked_for_and_a_changed_one_is_refused(study):
+    """vLLM resolves its arguments for the platform; each cell's recorded arguments are the
+    ones its spec asks for, and a cell whose engine ran another value is refused by name."""
+    from tokenflip.engines.vllm import VllmError, check_resolved, engine_args
+    from tokenflip.jobs import Cell
+
+    _, cells = study
+    for key in ("vllm", "vllm_one", "vllm_warm"):
+        meta = cells[key][1]
+        resolved = meta["engine"]["args"]
+        asked = engine_args(Cell.from_dict(meta["cell"]), resolved["max_model_len"], K, resolved["seed"])
+        check_resolved(asked, resolved)
+        # the arguments that change a number are among those checked
+        assert {"dtype", "seed", "logprobs_mode", "enforce_eager", "enable_prefix_caching",
+                "tensor_parallel_size"} <= asked.keys() & resolved.keys()
+    resolved = cells["vllm"][1]["engine"]["args"]
+    with pytest.raises(VllmError, match=r"asked for kv_cache_dtype='fp8_e5m2', but vLLM ran with kv_cache_dtype='auto'"):
+        check_resolved({"kv_cache_dtype": "fp8_e5m2"}, resolved)
+
+
 def test_the_study_compares_vllms_knobs_and_the_engines(study):
     root, _ = study
     pairs = {p["pair_id"]: p for p in pq.read_table(root / "results" / "vllm" / "summary" / "pairs.parquet").to_pylist()}

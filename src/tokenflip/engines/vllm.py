@@ -296,6 +296,16 @@ def call_worker(req: dict[str, Any], env: dict[str, str], workdir: Path) -> dict
     return json.loads(resp_path.read_text())
 
 
+def check_resolved(requested: dict[str, Any], resolved: dict[str, Any]) -> None:
+    """vLLM adjusts arguments to its platform with only a line in its log (a block size, a
+    compilation mode, a dtype it prefers): a cell whose engine did not run what the cell's
+    spec asks for is refused, naming the argument, instead of being compared as if it had."""
+    for key, want in requested.items():
+        if key in resolved and resolved[key] != want:
+            raise VllmError(f"engine 'vllm': asked for {key}={want!r}, but vLLM ran with {key}={resolved[key]!r} "
+                            f"(its log above says why); this cell would not be what its name says")
+
+
 def generations(response: dict[str, Any], k: int):
     """The worker's rows as the decode loop's `Generation`s: ids, top-k ids and raw logits,
     the top-1/top-2 margin; the full-vocabulary statistics vLLM does not return are NaN."""
@@ -356,6 +366,7 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f".{out_path.name}.vllm.", dir=out_path.parent) as tmp:
         response = call_worker(req, env, Path(tmp))
     wall = time.perf_counter() - start
+    check_resolved(req["engine_args"], response["engine"]["args"])
     gens = generations(response, job.record_top_k)
     # Every prompt is one request of one submission: one batch, timed as a whole.
     result = BatchResult(gens, response["timing"]["generate_s"], max((len(g.token_ids) for g in gens), default=0))
