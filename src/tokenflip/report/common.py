@@ -122,15 +122,27 @@ def graft_frame(grafting: pd.DataFrame) -> pd.DataFrame:
 
 
 def condition_labels(rows: pd.DataFrame) -> pd.Series:
-    """What a pair compares, without model and benchmark: 'axis: a vs b', plus the shared
-    precision where the study varies it (cache ON vs OFF in fp32 is another finding than
-    in fp16)."""
-    base = rows["axis"].astype(str) + ": " + rows["a"].astype(str) + " vs " + rows["b"].astype(str)
-    if "precision" not in rows:
-        return base
-    varied = rows.groupby("axis")["precision"].transform(lambda p: p.nunique() > 1)
-    with_precision = varied & rows["precision"].notna() & (rows["axis"] != "precision")
-    return base.where(~with_precision, base + " · " + rows["precision"].astype(str))
+    """What a pair compares, without model and benchmark: 'axis: a vs b', plus every shared
+    setting that differs between the pairs of that axis: the precision (cache ON vs OFF in
+    fp32 is another finding than in fp16), the engine, and the further axes away from their
+    defaults, such as vLLM's requests in flight (`concurrency 1`), so that no figure pools
+    what differs. Repeats are pooled: they run the same configuration again."""
+    from ..jobs import EXTRA_AXES
+
+    labels = rows["axis"].astype(str) + ": " + rows["a"].astype(str) + " vs " + rows["b"].astype(str)
+    for setting in ("precision", *(a for a in EXTRA_AXES if a != "repeat")):
+        if setting not in rows:
+            continue
+        values = rows[setting]
+        varied = values.groupby(rows["axis"]).transform(lambda v: v.nunique() > 1).astype(bool)
+        kept = varied & values.notna() & (rows["axis"] != setting)
+        if setting in ("precision", "engine"):
+            shown = values.astype(str)
+        else:  # a further axis is named where it is not at its default ("concurrency 1")
+            kept &= values.astype(str) != str(EXTRA_AXES[setting])
+            shown = f"{setting} " + values.astype(str)
+        labels = labels.where(~kept, labels + " · " + shown)
+    return labels
 
 
 def in_words(values: dict[str, Any], plain: bool = True) -> str:

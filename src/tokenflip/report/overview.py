@@ -17,6 +17,8 @@ from .common import GRAFT_COLUMNS, _batch, _pooled, _svg, condition_labels, graf
 # cell without one, and the height of a row; rows shrink down to MIN_ROW for tall maps
 # so that no figure grows past about one screen.
 ANNOTATED_CELL = (0.86, 0.46)
+# Annotated cells widen until the widest column label fits with this much room to spare.
+LABEL_ROOM = 1.12
 
 
 PLAIN_CELL_WIDTH = 0.16
@@ -66,6 +68,7 @@ def heatmap(values: pd.DataFrame, *, cmap: str, label: str, annotations: pd.Data
     ax.set_xticks(ax.get_xticks(), [_column_label(t.get_text()) for t in ax.get_xticklabels()], rotation=0)
     if annotate:
         ax.tick_params(axis="x", labelsize=7.5)
+        _fit_column_labels(fig, ax, n_cols)
     elif n_cols > 12:
         ax.tick_params(axis="x", labelsize=7)
     for text, link in zip(ax.get_yticklabels(), row_links or [], strict=False):
@@ -74,12 +77,28 @@ def heatmap(values: pd.DataFrame, *, cmap: str, label: str, annotations: pd.Data
     return _svg(fig)
 
 
+def _fit_column_labels(fig, ax, n_cols: int) -> None:
+    """Widen the figure until its widest column label fits its cell (measured as drawn:
+    the colour bar takes its share of the width, and label widths depend on the font)."""
+    renderer = fig.canvas.get_renderer()
+    widest = max((t.get_window_extent(renderer).width for t in ax.get_xticklabels()), default=0.0)
+    cell = ax.get_window_extent(renderer).width / max(n_cols, 1)
+    if widest * LABEL_ROOM > cell > 0:
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w * widest * LABEL_ROOM / cell, h)
+
+
 def _column_label(label: str, width: int = 11) -> str:
     """A heatmap column label one part per line ("axis: a vs b · precision"), long parts
-    broken after "vs", so that it is no wider than its cell."""
+    broken before "vs" (and after it where "vs b" is long too), so that no line is much
+    wider than its cell ("transformers vs" beside "llama.cpp vs" ran together)."""
     lines = []
     for part in label.replace(": ", " · ").split(" · "):
-        lines.extend(part.replace(" vs ", " vs\n").split("\n") if len(part) > width else [part])
+        if len(part) <= width or " vs " not in part:
+            lines.append(part)
+            continue
+        a, b = part.split(" vs ", 1)
+        lines.extend([a, f"vs {b}"] if len(b) + 3 <= width else [a, "vs", b])
     return "\n".join(lines)
 
 
