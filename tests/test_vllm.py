@@ -235,6 +235,29 @@ def test_what_vllm_cannot_honour_is_refused_with_the_reason(grid, reason):
     assert reason in _refusal(grid)
 
 
+def test_a_model_whose_head_size_vllms_cpu_attention_lacks_is_refused():
+    """A random Llama's heads have 16 dimensions (hidden 64, 4 heads): vLLM's CPU build
+    would fail at engine start. With head_dim 64 the same model passes."""
+    cfg = {"run": "r", "models": {"m": {"source": "random", "architecture": "llama", "seed": 0}},
+           "benchmarks": {"steps": BENCH}, "comparisons": [],
+           "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"]}]}
+    with pytest.raises(ConfigError, match=r"grids\.0: engine 'vllm' with model 'm': its attention heads have 16 "
+                                          r"dimensions, and vLLM's CPU attention has kernels for 32, 64"):
+        validate(cfg, check_data=False)
+    cfg["models"]["m"]["overrides"] = {"head_dim": 64}
+    validate(cfg, check_data=False)
+
+
+def test_the_head_sizes_tokenflip_checks_are_the_installed_vllms():
+    from tokenflip.engines.vllm import CPU_HEAD_SIZES, python
+
+    script = ("from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as B\n"
+              "print(list(B.get_supported_head_sizes()))")
+    proc = subprocess.run([str(python()), "-I", "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == list(CPU_HEAD_SIZES)
+
+
 def test_an_intervention_is_refused_for_vllm():
     assert "engine 'vllm' with intervention 'C': interventions patch a transformers model's modules" in _refusal(
         {"intervention": ["C"]}, interventions={"none": {"kind": "none"}, "C": {"kind": "fp32_head", "tau": 0.001}})

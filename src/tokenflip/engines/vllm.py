@@ -57,6 +57,10 @@ ENV_KEYS = ("VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCAC
 DEFAULT_MAX_NUM_SEQS = 256
 # The KV cache vLLM reserves on a CPU (GiB) unless the user's environment says otherwise.
 CPU_KVCACHE_GIB = "1"
+# The attention head sizes vLLM's CPU attention backend has kernels for
+# (CPUAttentionBackend.get_supported_head_sizes in vllm-cpu 0.32.0; tests/test_vllm.py checks
+# this against the installed build). A model with another head size fails at engine start.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 class VllmError(RuntimeError):
@@ -172,6 +176,15 @@ class Vllm(Engine):
                 if have is not None and int(tp) > have:
                     yield (f"{where}: engine 'vllm' with tensor_parallel {tp}: this machine has {have} CUDA "
                            f"device(s)")
+        if device == "cpu":
+            from ..bounds import random_model_config
+
+            for model in grid.get("models", list(config["models"])):
+                spec = config["models"][model]
+                if spec["source"] == "random":
+                    problem = head_size_problem(random_model_config(spec))
+                    if problem:
+                        yield f"{where}: engine 'vllm' with model {model!r}: {problem}"
         # The most requests in flight any cell of the grid asks for (vLLM's default where unset).
         seqs, most = max((DEFAULT_MAX_NUM_SEQS if c == "default" else int(c), c) for c in values("concurrency"))
         for chunk in values("prefill_chunk"):
@@ -198,6 +211,19 @@ def _cuda_devices() -> int | None:
         return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
     found = [p for p in Path("/dev").glob("nvidia[0-9]*")]
     return len(found) if found else None
+
+
+def head_size_problem(fields: dict[str, Any]) -> str | None:
+    """Why vLLM's CPU build cannot run a model of these config fields (None if it can)."""
+    fields = fields.get("text_config") or fields
+    try:
+        size = int(fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None  # a configuration this check cannot read: vLLM's own message will say
+    if size in CPU_HEAD_SIZES:
+        return None
+    return (f"its attention heads have {size} dimensions, and vLLM's CPU attention has kernels for "
+            f"{', '.join(map(str, CPU_HEAD_SIZES))} only")
 
 
 def engine_args(cell, max_model_len: int, record_top_k: int, seed: int) -> dict[str, Any]:
@@ -358,6 +384,9 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_dir)
     eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
     device = build_device()
+    problem = head_size_problem(json.loads((Path(model_dir) / "config.json").read_text())) if device == "cpu" else None
+    if problem:
+        raise VllmError(f"engine 'vllm': model {job.cell.model!r} cannot run in vLLM's CPU build: {problem}")
     req = request(job, bench, model_dir, tokenizer, eos)
     env = engine_env(job.cell, device)
     out_path = Path(out_path)
