@@ -182,13 +182,14 @@ SHIPPED_PLANS = {
                          "smollm2-135m/onestep/precision/fp32_vs_fp16/x-on-bs1-greedy-none"]),
     "vllm.yaml": dict(
         # transformers fp32 and bf16 (2); vLLM fp32 and bf16 at concurrency default and 1 (4),
-        # bf16 with a warm prefix cache, with chunked prefill (32, concurrency 1) and with an
-        # E5M2 KV cache (3): 9 cells. Pairs: transformers vs vLLM in fp32 and bf16 (2);
-        # concurrency 1 vs default in fp32 and bf16 (2); prefix cache off vs on, prefill chunk
-        # default vs 32, kv_dtype default vs fp8_e5m2 (1 each); fp32 vs bf16 in transformers,
-        # in vLLM at concurrency default and at 1 (3): 10 pairs.
-        cells=9, pairs={"engine": 2, "concurrency": 2, "prefix_cache": 1, "prefill_chunk": 1, "kv_dtype": 1,
-                        "precision": 3},
+        # bf16 with a cold and a warm prefix cache (2), with chunked prefill (32, concurrency 1)
+        # and with an E5M2 KV cache (2); llama.cpp fp32 (1): 11 cells. Pairs: transformers vs
+        # vLLM in fp32 and bf16, llama.cpp vs vLLM in fp32 (3); concurrency 1 vs default in fp32
+        # and bf16 (2); prefix cache off vs cold and off vs on (2); prefill chunk default vs 32,
+        # kv_dtype default vs fp8_e5m2 (1 each); fp32 vs bf16 in transformers, in vLLM at
+        # concurrency default and at 1 (3): 12 pairs.
+        cells=11, pairs={"engine": 3, "concurrency": 2, "prefix_cache": 2, "prefill_chunk": 1, "kv_dtype": 1,
+                         "precision": 3},
         cell_ids=["smollm2-135m/onestep/fp32-on-bs1-greedy-none",
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-none-engine=vllm-concurrency=1",
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-none-prefix_cache=on-engine=vllm",
@@ -197,6 +198,8 @@ SHIPPED_PLANS = {
         absent_cell_ids=["smollm2-135m/onestep/fp32-on-bs1-greedy-none-prefix_cache=on-engine=vllm",
                          "smollm2-135m/onestep/bf16-on-bs1-greedy-none-prefill_chunk=32-engine=vllm"],
         pair_ids=["smollm2-135m/onestep/engine/transformers_vs_vllm/bf16-on-bs1-greedy-none-engine=x",
+                  "smollm2-135m/onestep/engine/llama.cpp_vs_vllm/fp32-on-bs1-greedy-none-engine=x",
+                  "smollm2-135m/onestep/prefix_cache/off_vs_cold/bf16-on-bs1-greedy-none-prefix_cache=x-engine=vllm",
                   "smollm2-135m/onestep/concurrency/1_vs_default/bf16-on-bs1-greedy-none-engine=vllm-concurrency=x",
                   "smollm2-135m/onestep/prefix_cache/off_vs_on/bf16-on-bs1-greedy-none-prefix_cache=x-engine=vllm",
                   "smollm2-135m/onestep/prefill_chunk/default_vs_32/"

