@@ -249,7 +249,8 @@ def test_a_model_whose_head_size_vllms_cpu_attention_lacks_is_refused():
 
 
 def test_the_head_sizes_tokenflip_checks_are_the_installed_vllms():
-    from tokenflip.engines.vllm import CPU_HEAD_SIZES, python
+    from tokenflip.engines.vllm import python
+    from tokenflip.engines.vllm_support import CPU_HEAD_SIZES
 
     script = ("from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as B\n"
               "print(list(B.get_supported_head_sizes()))")

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .base import Engine, grid_values
-from .vllm_support import CPU_HEAD_SIZES, VllmError, check_resolved, head_size_problem  # noqa: F401
+from .vllm_support import VllmError, check_resolved, head_size_problem
 
 VLLM = "vllm"
 PYTHON_VARIABLE = "TOKENFLIP_VLLM_PYTHON"
