@@ -5,7 +5,8 @@ why a sample failed, and sandbox failures counted apart from the model's."""
 
 from __future__ import annotations
 
-import dataclasses
+import gzip
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,7 +17,6 @@ import yaml
 
 from tokenflip import compare
 from tokenflip.benchmarks import HumanEvalBenchmark, build_benchmark
-from tokenflip.sandbox.execution import Limits
 
 from conftest import SHARED_DATA
 
@@ -105,15 +105,23 @@ def test_chat_replies_with_an_assigned_entry_point_or_exact_numbers_pass():
     assert local.verdict == "passed"
 
 
-def test_a_broken_sandbox_is_a_sandbox_error_not_a_failure():
-    """With a CPU limit already spent when the test process sets it (0 s), that process is
-    killed before it can report: no verdict comes back, and the sample is `sandbox_error`,
-    left unscored (`correct` None), never the model's failure."""
-    bench = _bench()
-    bench.limits = dataclasses.replace(Limits(timeout_s=3), cpu_s=0)
-    item = bench.items()[53]
-    score = bench.score(item, bench.task(item)["canonical_solution"])
-    assert (score.verdict, score.correct) == ("sandbox_error", None)
+def test_a_broken_sandbox_is_a_sandbox_error_not_a_failure(tmp_path):
+    """A test process that ends before it reports (here the task's own test code exits it, as a
+    crashed or killed scorer would): no verdict comes back, and a correct solution's sample is
+    `sandbox_error`, left unscored (`correct` None), never the model's failure. The same task
+    with a test that runs to its end passes, so it is the missing report that decides."""
+    task = {"task_id": "Broken/0", "prompt": 'def add(x, y):\n    """x + y"""\n', "canonical_solution": "    return x + y\n",
+            "entry_point": "add", "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"}
+    scores = []
+    for test_tail in ("", "    import os\n    os._exit(0)\n"):
+        path = tmp_path / f"tasks{len(scores)}.jsonl.gz"
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(json.dumps({**task, "test": task["test"] + test_tail}) + "\n")
+        bench = build_benchmark("he", {"kind": "humaneval", "format": "bare", "timeout_s": 3,
+                                       "source": {"path": str(path)}})
+        item = bench.items()[0]
+        scores.append(bench.score(item, task["canonical_solution"]))
+    assert [(s.verdict, s.correct) for s in scores] == [("passed", True), ("sandbox_error", None)]
 
 
 def test_sandbox_errors_are_left_out_of_accuracy_and_the_paired_test():
