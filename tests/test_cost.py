@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from tokenflip.cost_model import (CalibrationFileError, CpuCalibration, Device, batch_positions,
                                   generation_seconds, gpu_overhead_from, intervention_work, probe_seconds)
-from tokenflip.model_size import ModelSize, PUBLISHED_CONFIGS, model_size, size_in_name
+from tokenflip.model_size import ModelSize, PUBLISHED_CONFIGS, head_size, model_size, size_in_name
 
 ONE_B = ModelSize(1e9, 1e9, None, None, "test")  # no layers: the roofline alone
 
@@ -64,6 +64,9 @@ def test_a_mixture_of_experts_reads_and_computes_its_active_parameters():
     gemma = model_size("g", {"source": "hf", "id": "google/gemma-2-2b"}, REPO / "absent")
     assert gemma.total == pytest.approx(2.61e9, rel=0.01)  # not the 2.0B of its name
     assert {"source": "hf", "id": "google/gemma-2-2b"}["id"] in PUBLISHED_CONFIGS
+    # gemma-2 sets its own head size (256, where 2304 / 8 heads would be 288); Llama-2 does not.
+    assert head_size(PUBLISHED_CONFIGS["google/gemma-2-2b"]) == 256
+    assert head_size(PUBLISHED_CONFIGS["meta-llama/Llama-2-7b-hf"]) == 4096 // 32
 
 
 def test_a_model_without_a_configuration_falls_back_to_its_name_and_says_so():

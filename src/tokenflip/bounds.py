@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from .model_size import head_size
+
 __all__ = ["model_problems", "machine_memory_bytes", "random_model_config", "longest_generation", "context_length"]
 
 _FP32_BYTES = 4
@@ -29,8 +31,7 @@ def random_model_config(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _parameters(fields: dict[str, Any]) -> int:
     """A random model's parameter count without its embeddings (attention, MLP or experts, norms)."""
-    hidden, heads = fields["hidden_size"], fields["num_attention_heads"]
-    head_dim = fields.get("head_dim") or hidden // heads
+    hidden, heads, head_dim = fields["hidden_size"], fields["num_attention_heads"], head_size(fields)
     kv_heads = fields.get("num_key_value_heads") or heads
     attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     mlp = 3 * hidden * fields["intermediate_size"] * (fields.get("num_experts") or 1)

@@ -177,8 +177,9 @@ def _group_options(backend: str, config) -> dict[str, Any]:
         return {}
     import math
 
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return {"q_group_size": math.gcd(64, int(head_dim))}
+    from .model_size import head_size
+
+    return {"q_group_size": math.gcd(64, head_size(config.to_dict()))}
 
 
 def compile_environment() -> dict[str, Any]:

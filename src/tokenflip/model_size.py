@@ -79,6 +79,13 @@ class ModelSize:
                 "head_parameters": self.head, "from": self.source}
 
 
+def head_size(fields: dict[str, Any]) -> int:
+    """The attention head's size of a configuration's fields: `head_dim` where the architecture
+    sets its own (gemma-2-2b: 256, not 2304 / 8), else hidden_size / num_attention_heads.
+    Raises KeyError, TypeError or ZeroDivisionError on fields that do not say it."""
+    return int(fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"])
+
+
 def size_in_name(name: str) -> float | None:
     """Parameters named in a model id ("TinyLlama-1.1B" -> 1.1e9; the largest if several)."""
     sizes = [float(n) * (1e9 if unit in "bB" else 1e6) for n, unit in _SIZE.findall(name)]

