@@ -158,6 +158,28 @@ def test_a_thousand_pairs_show_a_bounded_number_of_texts():
     assert (first["outcome_a"], first["outcome_b"]) == ("right", "no answer, cut at 48 tokens")
     assert [c["chosen_a"] for c in first["candidates"]] == [True, False]
     assert [c["chosen_b"] for c in first["candidates"]] == [False, True]
+    assert not any(c["tied_a"] or c["tied_b"] for c in first["candidates"]) and not first["tie_a"]
+
+
+def test_an_exact_tie_at_the_parting_step_is_marked_on_its_side():
+    """Side a's top two logits are equal (bit for bit, as stored): both are marked tied, the
+    third is not; side b's top two differ by 1e-6, which is a margin, not a tie."""
+    row = {"pair_id": "p", "prompt_id": "q", "step": 0, "prefix_chars": 0, "token_a": "x", "token_b": "y",
+           "text_a": "x", "text_b": "y", "token_id_a": 1, "token_id_b": 2,
+           "topk_a": json.dumps([["x", 1, 3.25], ["y", 2, 3.25], ["z", 3, 1.0]]),
+           "topk_b": json.dumps([["y", 2, 3.250001], ["x", 1, 3.25], ["z", 3, 1.0]]),
+           "correct_a": True, "correct_b": False, "verdict_a": "correct", "verdict_b": "wrong",
+           "finish_a": "eos", "finish_b": "eos", "n_tokens_a": 1, "n_tokens_b": 1, "model": "m", "benchmark": "b",
+           "axis": "precision", "a": "fp32", "b": "bf16", "margin_a": 0.0, "margin_b": 1e-6, "extracted_a": None,
+           "extracted_b": None}
+    view = diverged.diverged_view(pd.DataFrame([row]), pd.DataFrame([_pair_row("transformers", model="m",
+                                                                              pair_id="p", context="0")]))
+    shown = view["diverged_pairs"][0]["shown"][0]
+    assert [c["tied_a"] for c in shown["candidates"]] == [True, True, False]
+    assert [c["tied_b"] for c in shown["candidates"]] == [False, False, False]
+    assert (shown["tie_a"], shown["tie_b"]) == (True, False)
+    html = page._TEMPLATES.get_template("diverged.html.j2").render(**view)
+    assert html.count('class="tie-mark"') == 2 and html.count("(an exact tie)") == 1
 
 
 def _cell_file(path, tokens: list[list[int]], decode) -> str:

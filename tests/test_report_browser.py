@@ -305,8 +305,12 @@ DIVERGED_PROBE = """new Promise(done => {
             mark: text(side.querySelector("mark.first-diff")), rest: text(side.querySelector(".rest")),
             markVisible: side.querySelector("mark.first-diff").checkVisibility()})),
           head: text(prompt.querySelector(".diverged-head")),
-          candidates: [...prompt.querySelectorAll("table.candidates tbody tr")].map(tr => [...tr.cells].map(text)),
-          chosen: [...prompt.querySelectorAll("table.candidates td.chosen")].map(td => [td.cellIndex, td.textContent])});
+          candidates: [...prompt.querySelectorAll("table.candidates tbody tr")].map(tr => [...tr.cells].map(
+            td => text(td.querySelector("code") || td))),
+          tied: [...prompt.querySelectorAll("table.candidates tbody tr")].map(tr => [...tr.cells].map(
+            td => td.classList.contains("tied") && td.querySelector(".tie-mark") !== null)),
+          chosen: [...prompt.querySelectorAll("table.candidates td.chosen")].map(td => [td.cellIndex,
+            td.querySelector("code").textContent])});
   }, 0), {once: true});
   link.click();
 })"""
@@ -869,6 +873,12 @@ def test_a_diverged_pair_opens_side_by_side_from_the_pairs_table(browser_page, r
     chosen = {index: text for index, text in got["chosen"]}
     assert chosen[1] == visible(next(c[0] for c in candidates if c[1] == first["token_id_a"]))
     assert chosen[3] == visible(next(c[0] for c in json.loads(first["topk_b"]) if c[1] == first["token_id_b"]))
+    # Exact ties of a side's top logit are marked in that side's column, and nothing else is.
+    for column, side in ((1, "a"), (3, "b")):
+        logits = [c[2] for c in json.loads(first[f"topk_{side}"])]
+        tied = [logit == max(logits) and logits.count(max(logits)) > 1 for logit in logits]
+        assert [row[column] for row in got["tied"]] == tied
+        assert not any(row[column + 1] for row in got["tied"])
 
 
 def test_every_section_has_a_screenshot_at_1280_by_900(browser_page, artifacts_dir):

@@ -42,17 +42,29 @@ def outcome(correct: Any, verdict: Any, finish: Any, n_tokens: Any) -> str:
     return words
 
 
+def _tied(top: list) -> list[bool]:
+    """Which of a side's candidates tie its top logit exactly (with at least one other): at
+    such a step the engine's tie-break chose the token, not the model."""
+    if not top:
+        return []
+    best = max(entry[2] for entry in top)
+    n_best = sum(entry[2] == best for entry in top)
+    return [n_best > 1 and entry[2] == best for entry in top]
+
+
 def _candidates(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The step's top-k of both sides rank by rank, each side's chosen token marked."""
+    """The step's top-k of both sides rank by rank, each side's chosen token and exact ties
+    of its top logit marked."""
     a, b = json.loads(row["topk_a"] or "[]"), json.loads(row["topk_b"] or "[]")
+    tied_a, tied_b = _tied(a), _tied(b)
     out = []
     for rank in range(max(len(a), len(b))):
         ca, cb = (a[rank] if rank < len(a) else None), (b[rank] if rank < len(b) else None)
         out.append({"rank": rank + 1,
                     "token_a": ca[0] if ca else None, "logit_a": ca[2] if ca else None,
-                    "chosen_a": bool(ca) and ca[1] == row["token_id_a"],
+                    "chosen_a": bool(ca) and ca[1] == row["token_id_a"], "tied_a": bool(ca) and tied_a[rank],
                     "token_b": cb[0] if cb else None, "logit_b": cb[2] if cb else None,
-                    "chosen_b": bool(cb) and cb[1] == row["token_id_b"]})
+                    "chosen_b": bool(cb) and cb[1] == row["token_id_b"], "tied_b": bool(cb) and tied_b[rank]})
     return out
 
 
@@ -60,12 +72,14 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
     split = completions.parts(row)
     prefix, rest_a, rest_b = split["prefix"], split["rest_a"], split["rest_b"]
     unsplit = row["token_a"] is None or row["token_b"] is None
+    candidates = _candidates(row)
     return {**row, "unsplit": unsplit, "prefix_cut": len(prefix) > PREFIX_CHARS, "prefix_tail": prefix[-PREFIX_CHARS:],
             "rest_a_head": rest_a[:REST_CHARS], "rest_a_cut": len(rest_a) > REST_CHARS,
             "rest_b_head": rest_b[:REST_CHARS], "rest_b_cut": len(rest_b) > REST_CHARS,
             "outcome_a": outcome(row["correct_a"], row["verdict_a"], row["finish_a"], row["n_tokens_a"]),
             "outcome_b": outcome(row["correct_b"], row["verdict_b"], row["finish_b"], row["n_tokens_b"]),
-            "candidates": _candidates(row)}
+            "candidates": candidates, "tie_a": any(c["tied_a"] for c in candidates),
+            "tie_b": any(c["tied_b"] for c in candidates)}
 
 
 def diverged_view(diverged: pd.DataFrame, pairs: pd.DataFrame) -> dict[str, Any]:
