@@ -66,15 +66,23 @@ def _cpu_time(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.process_time() - t0
 
 
-def _one_pass_seconds(model, ids: list[int], pad: int, repeats: int) -> float:
-    """Fastest of `repeats` single passes of the decode loop over `ids` without a cache."""
+def _fastest_decode_seconds(model, ids: list[int], pad: int, repeats: int, *, max_new_tokens: int,
+                            use_cache: bool) -> float:
+    """Fastest of `repeats` runs of the decode loop on `ids` (process CPU seconds): the
+    fastest is the least disturbed by whatever else the machine ran meanwhile."""
     import torch
 
     from .decode import decode
 
     x = torch.tensor([ids])
-    return min(_cpu_time(lambda: decode(model, x, torch.ones_like(x), max_new_tokens=1, use_cache=False,
-                                        eos_token_ids=[-1], pad_token_id=pad))[1] for _ in range(repeats))
+    return min(_cpu_time(lambda: decode(model, x, torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                        use_cache=use_cache, eos_token_ids=[-1], pad_token_id=pad))[1]
+               for _ in range(repeats))
+
+
+def _one_pass_seconds(model, ids: list[int], pad: int, repeats: int) -> float:
+    """A single pass of the decode loop over `ids` without a cache."""
+    return _fastest_decode_seconds(model, ids, pad, repeats, max_new_tokens=1, use_cache=False)
 
 
 def position_seconds(model, prompt: list[int], pad: int, repeats: int = 2) -> float:
@@ -97,14 +105,8 @@ def fit_pass(model, prompt: list[int], pad: int, repeats: int = 2) -> tuple[floa
     """(seconds per pass, seconds per position) from the decode loop itself: the position's
     share from passes of growing length (`position_seconds`), the pass's from 8 steps with the
     cache on (the prefill, then one position a step), the fastest of `repeats` runs."""
-    import torch
-
-    from .decode import decode
-
-    ids = torch.tensor([prompt])
     b = position_seconds(model, prompt, pad, repeats)
-    on = min(_cpu_time(lambda: decode(model, ids, torch.ones_like(ids), max_new_tokens=8, use_cache=True,
-                                      eos_token_ids=[-1], pad_token_id=pad))[1] for _ in range(repeats))
+    on = _fastest_decode_seconds(model, prompt, pad, repeats, max_new_tokens=8, use_cache=True)
     # 8 passes over p + 7 positions
     a = max((on - b * (len(prompt) + 7)) / 8, 0.0)
     return a, b
