@@ -275,7 +275,11 @@ INTERACTION_PROBE = """(() => {
   const time = fn => { const t0 = performance.now(); fn(); document.body.offsetHeight; return performance.now() - t0; };
   const out = {rows: Number(table.dataset.rows)};
   out.sortMs = [];
-  for (let i = 0; i < 5; i++) out.sortMs.push(time(() => header.click()));
+  out.sortShown = [];
+  for (let i = 0; i < 5; i++) {
+    out.sortMs.push(time(() => header.click()));
+    out.sortShown.push(table.tBodies[0].rows.length);
+  }
   out.filterMs = time(() => { input.value = "m3"; input.dispatchEvent(new Event("input")); });
   out.filteredRows = rows();
   out.clearMs = time(() => { input.value = ""; input.dispatchEvent(new Event("input")); });

@@ -343,10 +343,9 @@ def test_infinite_loops_time_out(attack, statuses):
                                     "x = [0] * (10 * 1024 ** 3 // 8)"])
 def test_ten_gigabytes_fail_fast(attack):
     bench = humaneval(1)
-    start = time.monotonic()
     result = bench.run(bench.items()[0], hostile_completion(attack))
     assert not result.passed and "MemoryError" in result.stderr
-    assert time.monotonic() - start < 5
+    assert result.wall_s < bench.limits.timeout_s / 2  # refused at once, not held until the timeout
 
 
 @needs_humaneval
@@ -405,7 +404,7 @@ def test_resource_limits(program, limits, status, stderr):
     start = time.monotonic()
     result = run_sample(program, TestProgram("", "pass\n", ()), limits)
     assert result.status == status and stderr in result.stderr, result
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < limits.timeout_s  # ended by the limit, not the wall clock
 
 
 def test_solution_environment_is_minimal_and_isolated(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ why a sample failed, and sandbox failures counted apart from the model's."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,9 @@ def test_bare_completions_get_the_official_harness_verdicts():
     exception with a 20 MB message (fails, not a sandbox error), loops (timeout), syntax
     errors, an empty body (no_code, which the official harness counts as failed)."""
     bench = _bench(stop=[])  # no stop: the completions as the official harness received them
+    # The loops' verdict is the wall clock's (as the official harness's): a CPU limit a second
+    # past it could end a busy loop first when the test process wakes late.
+    bench.limits = dataclasses.replace(bench.limits, cpu_s=60)
     assert len(CASES) >= 24
     scores = _scores(bench, [(case["task_id"], case["completion"]) for case in CASES])
     for case, score in zip(CASES, scores):

@@ -242,7 +242,8 @@ def test_math_verify_refuses_unsafe_or_huge_input(hostile, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
     assert not Math500Benchmark("m", 1).score(Item(id="x", question="q", gold="5"), f"$\\boxed{{{hostile}}}$").correct
-    assert time.monotonic() - start < 8
+    # parse and verify each stop at 3 s; unbounded, the tower would never end
+    assert time.monotonic() - start < 30
     assert not (tmp_path / "pwned").exists()
 
 

@@ -82,8 +82,8 @@ def test_a_part_past_its_deadline_is_stopped_with_the_processes_it_started(tmp_p
               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
               f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
               "time.sleep(120)\n")
-    rc, seconds = gpu_check.run_group([sys.executable, "-c", script], timeout=3)
-    assert rc is None and 3 <= seconds < 15
+    rc, seconds = gpu_check.run_group([sys.executable, "-c", script], timeout=6)  # time to write the pid
+    assert rc is None and 6 <= seconds < 20
     grandchild = int(pid_file.read_text())
     for _ in range(50):
         if not _running(grandchild):
@@ -141,8 +141,10 @@ def test_gpu_check_passes_end_to_end_on_the_cpu(tmp_path, prepared_models):
     out = tmp_path / "out"
     env = dict(os.environ, DEVICE="cpu", PYTHON=sys.executable, OUT=str(out), CARRY=str(carry),
                OMP_NUM_THREADS="1")
-    proc = subprocess.run(["bash", str(REPO / "perf" / "gpu.sh")], env=env, capture_output=True, text=True,
-                          timeout=600)
+    # The parts' time budgets are for a GPU machine of one's own: on two shared cores they get
+    # three times as much (this checks what the parts find, not how fast).
+    proc = subprocess.run(["bash", str(REPO / "perf" / "gpu.sh"), "--budget-scale", "3"], env=env,
+                          capture_output=True, text=True, timeout=3 * gpu_check.TOTAL_BUDGETS["cpu"] + 300)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "nothing to install" in proc.stdout  # this environment already has the pinned versions
     result = json.loads((out / "gpu-check.json").read_text())

@@ -67,6 +67,7 @@ def test_a_prepared_hub_model_is_not_checked(tmp_path):
 def test_without_network_or_offline_mode_the_cause_and_the_fix_are_named(tmp_path):
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf-home"))
     env.pop("HF_HUB_OFFLINE", None)
+    env.pop("HF_TOKEN", None)  # a token with access to the gated repository would leave no problem
     problems = _hub_problems(tmp_path, env)
     # Here the hub cannot be reached; with network, the gated repository needs a token.
     assert len(problems) == 1 and problems[0].startswith(f"model 'hubmodel' ({GATED} at revision 'main')")

@@ -364,6 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("generate", "probe", "prepare-model", "compare"):
+        # Before the heavy imports (seconds on a loaded machine): a job whose scheduler
+        # dies while it starts stops then, not once torch has loaded.
+        from .runtime import watch_scheduler
+
+        watch_scheduler()
     from .benchmarks import BenchmarkError
     from .compare import ComparabilityError
     from .config import ConfigError
@@ -373,11 +380,6 @@ def main(argv: list[str] | None = None) -> int:
     from .storage import StorageError
     from .summary import ResultError
 
-    args = build_parser().parse_args(argv)
-    if args.command in ("generate", "probe", "prepare-model", "compare"):
-        from .runtime import watch_scheduler
-
-        watch_scheduler()
     try:
         args.func(args)
     except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
