@@ -80,10 +80,17 @@ def _which(exe: str) -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct ports free now: each socket stays bound until all are chosen, so two
+    calls cannot be handed the same port."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _node_line() -> tuple[str, str]:
@@ -116,12 +123,13 @@ def write_config(root: Path) -> tuple[Path, str]:
         f"PartitionName={p} Nodes={node} Default={'YES' if i == 0 else 'NO'} MaxTime=INFINITE State=UP"
         for i, p in enumerate(PARTITIONS))
     conf = root / "slurm.conf"
+    ctld_port, slurmd_port = _free_ports(2)
     conf.write_text(f"""\
 # Written by tests/slurm_cluster.py; a throwaway single-node cluster.
 ClusterName=tokenflip-test
 SlurmctldHost={node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
