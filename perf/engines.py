@@ -21,7 +21,7 @@ import time
 import _common as c
 
 from tokenflip.engines import unavailable
-from tokenflip.engines.llama_cpp import LlamaCpp, gguf_path
+from tokenflip.engines.llama_cpp_gguf import LlamaCpp, gguf_path
 
 
 def main(argv=None) -> int:

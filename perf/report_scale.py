@@ -79,7 +79,9 @@ def synthetic_frames(models: int = 10, missing_cells: int = 3, seed: int = 0) ->
     from tokenflip import config as cfg
     from tokenflip.compare import summarize
     from tokenflip.plan import expand_cells, expand_pairs
-    from tokenflip.summary import _pair_base, environment_rows, intervention_rows
+    from tokenflip.intervention_table import intervention_rows
+    from tokenflip.interventions import no_intervention_labels
+    from tokenflip.summary import _pair_base, environment_rows
 
     rng = np.random.default_rng(seed)
     config = cfg.validate(study(models), source="report_scale")
@@ -90,7 +92,8 @@ def synthetic_frames(models: int = 10, missing_cells: int = 3, seed: int = 0) ->
 
     cell_rows, metas = [], {}
     for cell in cells:
-        row: dict[str, Any] = {"cell_id": cell.id, **cell.as_dict(), "status": "missing"}
+        row: dict[str, Any] = {"cell_id": cell.id, **cell.as_dict(), "status": "missing",
+                               "no_intervention": cell.intervention in no_intervention_labels(config)}
         if cell.id not in gone:
             tokens = PROMPTS * int(rng.integers(STEPS // 2, STEPS))
             wall = float(rng.uniform(60, 600))
@@ -117,7 +120,7 @@ def synthetic_frames(models: int = 10, missing_cells: int = 3, seed: int = 0) ->
     pair_rows, first_div, agreement = [], [], {}
     prompt_ids = [f"arith-{p:04d}" for p in range(PROMPTS)]
     for pair in pairs:
-        row = _pair_base(pair)
+        row = _pair_base(pair, no_intervention_labels(config))
         if pair.a.id in metas and pair.b.id in metas:
             odds = _divergence_odds(pair, model_index[pair.a.model])
             identical = rng.random(PROMPTS) >= odds

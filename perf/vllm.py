@@ -21,11 +21,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import _common as c
 
 from tokenflip.engines import VLLM, unavailable
-from tokenflip.engines.vllm import DTYPES, call_worker, engine_env
+from tokenflip.engines.vllm_offline import DTYPES, call_worker, engine_env
 from tokenflip.jobs import Cell
 
 
@@ -74,7 +75,8 @@ def main(argv=None) -> int:
                "env_keys": [], "rounds": rounds + 1}
         with tempfile.TemporaryDirectory() as tmp:
             # The cores and threads a vLLM cell's job gives it (its own CPU set, one core left to vLLM).
-            env = engine_env(Cell("smollm2", "perf", args.precision, "on", 1, "greedy", "none", engine="vllm"), "cpu")
+            cell = Cell("smollm2", "perf", args.precision, "on", 1, "greedy", "none", engine="vllm")
+            env = engine_env(SimpleNamespace(cell=cell, threads=None), "cpu")
             response = call_worker(req, env, Path(tmp))
         work = sum(len(r["token_ids"]) for r in response["outputs"])
         measured = response["timing"]["rounds_s"][1:]

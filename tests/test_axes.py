@@ -47,6 +47,11 @@ def test_threads_and_attention_from_two_machines_merged(tmp_path):
     cells_b = sorted((b / "results" / "axes" / "cells").rglob("*.parquet"))
     assert [c.name for c in cells_b] == ["bf16-on-bs1-greedy-none-attention=eager-threads=1.parquet",
                                          "bf16-on-bs1-greedy-none-threads=2.parquet"]
+    # Each cell computed with the threads its name states, not the run-wide generation.threads (1),
+    # and its record says so (a cell that recorded otherwise would have failed).
+    recorded = {c.name: storage.read_table(c)[1]["environment"]["device"]["threads"] for c in cells_b}
+    assert recorded == {"bf16-on-bs1-greedy-none-attention=eager-threads=1.parquet": 1,
+                        "bf16-on-bs1-greedy-none-threads=2.parquet": 2}, recorded
     # Merge B's cells into A's run directory; the union config then only compares and reports.
     for cell in cells_b:
         target = a / "results" / "axes" / "cells" / cell.relative_to(b / "results" / "axes" / "cells")

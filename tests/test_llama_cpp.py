@@ -54,7 +54,7 @@ def _reference(prepared_models, prompt, precision: str, steps: int, cache: bool)
     """llama-cpp-python's own greedy generation of `prompt`: tokens and the top logit of each step."""
     import llama_cpp
 
-    from tokenflip.engines.llama_cpp import KV_CACHE_TYPES, gguf_path
+    from tokenflip.engines.llama_cpp_gguf import KV_CACHE_TYPES, gguf_path
 
     kv = getattr(llama_cpp, f"GGML_TYPE_{KV_CACHE_TYPES[precision]}")
     n_ctx = len(prompt) + steps
@@ -294,10 +294,10 @@ def test_an_engine_pair_may_run_on_two_devices_and_a_threads_pair_on_two_thread_
 
 
 def test_an_axis_llama_cpp_is_not_declared_to_honour_is_refused(monkeypatch):
-    """Every axis is refused at a value other than its default unless engines declares it free:
-    an axis added later cannot slip through to a llama.cpp cell that ignores it."""
+    """Every axis is refused at a value other than its default unless the engine's allow list
+    names it: an axis added later cannot slip through to a llama.cpp cell that ignores it."""
     from tokenflip import engines
 
     llama_cpp = engines.engine(LLAMA_CPP)
-    monkeypatch.setattr(llama_cpp, "free_axes", tuple(a for a in llama_cpp.free_axes if a != "threads"))
+    monkeypatch.setattr(llama_cpp, "honours", tuple(a for a in llama_cpp.honours if a != "threads"))
     assert "engine 'llama.cpp' with threads 2: llama.cpp cells do not implement this axis" in _refusal({"threads": [2]})

@@ -26,7 +26,7 @@ def test_table4_splits_the_baseline_diverged_prompts_by_trigger_and_reconciliati
     import pandas as pd
 
     from tokenflip.jobs import Cell, Pair
-    from tokenflip.summary import _table4
+    from tokenflip.intervention_table import _table4
 
     joined = pd.DataFrame({"agree_base": [False, False, False, True], "agree_int": [True, False, False, True]},
                           index=["p0", "p1", "p2", "p3"])

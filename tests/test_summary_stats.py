@@ -13,7 +13,7 @@ import pytest
 from tokenflip import config as cfg
 from tokenflip import stats
 from tokenflip.plan import expand_cells, expand_pairs
-from tokenflip.summary import _paired_bootstrap, intervention_rows
+from tokenflip.intervention_table import _paired_bootstrap, intervention_rows
 
 
 # --- Wilson and McNemar ---------------------------------------------------------------------

@@ -335,3 +335,60 @@ def test_the_check_is_given_the_longest_generation_of_each_model_and_benchmark()
     config = cfg.validate(study, check_data=False)
     assert bounds.longest_generation(config, "tiny", "arith_a") == 9
     assert bounds.longest_generation(config, "tiny", "arith_b") == 6
+
+
+def test_a_comparison_whose_default_resolves_to_its_other_value_is_refused():
+    """threads `default` is the run's `generation.threads`: with 1 there, default vs 1 would
+    compare one setting with itself; vs 2 it is a real pair."""
+    study = tiny_study()
+    study["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "threads": ["default", 1, 2]}]
+    study["comparisons"] = [{"axis": "threads", "a": "default", "b": 1}]
+    _refused(study, "comparisons.0: threads 'default' vs 1 compares one setting with itself in engine "
+                    "'transformers': both run with threads=1")
+    study["comparisons"] = [{"axis": "threads", "a": "default", "b": 2}]
+    config = cfg.validate(study)
+    assert len(expand_pairs(config, expand_cells(config))) == len(config["benchmarks"])
+    # A control that another axis makes the same (bf16 vs fp16 under the fp32 oracle) stays a pair.
+    study["interventions"] = {"none": {"kind": "none"}, "oracle": {"kind": "fp32_oracle"}}
+    study["grids"] = [{"precision": ["bf16", "fp16"], "cache": ["on"], "batch_size": [1], "intervention": ["oracle"]}]
+    study["comparisons"] = [{"axis": "precision", "a": "bf16", "b": "fp16"}]
+    cfg.validate(study)
+
+
+def test_vllms_default_requests_in_flight_is_not_a_second_value_of_256():
+    from tokenflip.engines import unavailable
+
+    if unavailable("vllm"):
+        pytest.skip(unavailable("vllm"))
+    study = tiny_study()
+    study["models"] = {"tiny": {"source": "random", "architecture": "llama", "overrides": {"head_dim": 64}}}
+    study["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
+                       "concurrency": ["default", 256, 8]}]
+    study["comparisons"] = [{"axis": "concurrency", "a": "default", "b": 256},
+                            {"axis": "concurrency", "a": "default", "b": 8}]
+    text = _refused(study, "comparisons.0: concurrency 'default' vs 256 compares one setting with itself in engine "
+                           "'vllm': both run with max_num_seqs=256")
+    assert "comparisons.1" not in text
+
+
+def test_a_study_larger_than_its_limits_is_refused_before_a_cell_is_listed():
+    """Counted, not listed: a benchmark of 10^9 prompts and a grid of 600,000 cells are
+    refused with the figure and the bound; raising the bound in the config lets it plan."""
+    study = tiny_study()
+    study["benchmarks"] = {"arith": {"kind": "arithmetic", "n": 10**9}}
+    study["probes"] = {}
+    _refused(study, "benchmarks: 2,000,000,000 prompts to generate over the cells, more than limits.max_prompts "
+                    "1,000,000")
+    study = tiny_study()
+    study["probes"] = {}
+    study["benchmarks"] = {"arith": {"kind": "arithmetic", "n": 3}}
+    study["models"] = {f"m{i}": {"source": "random", "architecture": "llama"} for i in range(100)}
+    study["grids"] = [{"precision": ["fp32", "bf16", "fp16"], "cache": ["on", "off"], "batch_size": list(range(1, 1001))}]
+    study["comparisons"] = []
+    _refused(study, "grids: 600,000 cells, more than limits.max_cells 10,000")
+    study["models"] = {"m0": {"source": "random", "architecture": "llama"}}
+    study["grids"][0]["batch_size"] = list(range(1, 2001))
+    _refused(study, "grids: 12,000 cells, more than limits.max_cells 10,000")
+    study["limits"] = {"max_cells": 12_000}
+    config = cfg.validate(study, check_data=False)
+    assert len(expand_cells(config)) == 12_000 and config["limits"] == {"max_cells": 12_000, "max_prompts": 1_000_000}

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -102,7 +103,7 @@ if __name__ == "__main__":
 def test_a_vllm_cell_is_llm_generate_called_directly(study, tmp_path):
     """The concurrency-1 cell's tokens and every step's top-k raw logits are bitwise those of
     `LLM.generate` called directly with the engine arguments the cell recorded."""
-    from tokenflip.engines.vllm import python
+    from tokenflip.engines.vllm_offline import python
 
     root, cells = study
     table, meta = cells["vllm_one"]
@@ -176,7 +177,7 @@ def test_a_vllm_cell_records_the_engine_its_arguments_and_its_prefix_cache(study
 def test_vllm_ran_every_argument_the_cell_asked_for_and_a_changed_one_is_refused(study):
     """vLLM resolves its arguments for the platform; each cell's recorded arguments are the
     ones its spec asks for, and a cell whose engine ran another value is refused by name."""
-    from tokenflip.engines.vllm import VllmError, check_resolved, engine_args
+    from tokenflip.engines.vllm_offline import VllmError, check_resolved, engine_args
     from tokenflip.jobs import Cell
 
     _, cells = study
@@ -185,12 +186,16 @@ def test_vllm_ran_every_argument_the_cell_asked_for_and_a_changed_one_is_refused
         resolved = meta["engine"]["args"]
         asked = engine_args(Cell.from_dict(meta["cell"]), resolved["max_model_len"], K, resolved["seed"])
         check_resolved(asked, resolved)
-        # the arguments that change a number are among those checked
-        assert {"dtype", "seed", "logprobs_mode", "enforce_eager", "enable_prefix_caching",
-                "tensor_parallel_size"} <= asked.keys() & resolved.keys()
+        # every argument asked for is read back, so each is checked
+        assert asked.keys() <= resolved.keys(), sorted(asked.keys() - resolved.keys())
+        # what vLLM ran with, per axis, is in the record that proves it (the sampling it ran too)
+        assert meta["engine"]["sampling"]["temperature"] == 0.0 and meta["observed"]["prompts"] > 0
     resolved = cells["vllm"][1]["engine"]["args"]
     with pytest.raises(VllmError, match=r"asked for kv_cache_dtype='fp8_e5m2', but vLLM ran with kv_cache_dtype='auto'"):
         check_resolved({"kv_cache_dtype": "fp8_e5m2"}, resolved)
+    # an argument the worker does not read back is refused too: nothing would show what vLLM made of it
+    with pytest.raises(VllmError, match=r"asked for speculative_config=\{\}, but vLLM's resolved arguments do not say"):
+        check_resolved({"speculative_config": {}}, resolved)
 
 
 def test_the_study_compares_vllms_knobs_and_the_engines(study):
@@ -249,7 +254,7 @@ def test_a_model_whose_head_size_vllms_cpu_attention_lacks_is_refused():
 
 
 def test_the_head_sizes_tokenflip_checks_are_the_installed_vllms():
-    from tokenflip.engines.vllm import python
+    from tokenflip.engines.vllm_offline import python
     from tokenflip.engines.vllm_support import CPU_HEAD_SIZES
 
     script = ("from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as B\n"
@@ -290,7 +295,7 @@ def test_the_worker_imports_nothing_of_tokenflip():
     """The worker runs in vLLM's environment, where tokenflip's dependencies are not installed."""
     import ast
 
-    from tokenflip.engines.vllm import WORKER
+    from tokenflip.engines.vllm_offline import WORKER
 
     tree = ast.parse(Path(WORKER).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
@@ -303,7 +308,7 @@ def test_the_worker_imports_nothing_of_tokenflip():
 
 
 def test_each_axis_sets_the_engine_argument_vllm_documents():
-    from tokenflip.engines.vllm import engine_args, engine_env, sampling_of
+    from tokenflip.engines.vllm_offline import engine_args, engine_env, sampling_of
     from tokenflip.jobs import Cell
 
     plain = Cell("m", "b", "bf16", "on", 1, "greedy", "none", engine="vllm")
@@ -316,8 +321,10 @@ def test_each_axis_sets_the_engine_argument_vllm_documents():
     assert (args["max_num_seqs"], args["max_num_batched_tokens"], args["enable_chunked_prefill"]) == (8, 64, True)
     assert (args["kv_cache_dtype"], args["enforce_eager"], args["enable_prefix_caching"]) == ("fp8_e5m2", False, True)
     assert (args["dtype"], args["seed"], args["tensor_parallel_size"]) == ("float32", 5, 2)
-    assert engine_env(Cell("m", "b", "fp32", "on", 1, "greedy", "none", engine="vllm", batch_invariant="on",
-                           threads="1"), "cpu")["VLLM_BATCH_INVARIANT"] == "1"
-    assert engine_env(plain, "cuda") == {"VLLM_BATCH_INVARIANT": "0"}
+    invariant = Cell("m", "b", "fp32", "on", 1, "greedy", "none", engine="vllm", batch_invariant="on", threads="1")
+    env = engine_env(SimpleNamespace(cell=invariant, threads=1), "cpu")
+    assert env["VLLM_BATCH_INVARIANT"] == "1" and env["OMP_NUM_THREADS"] == "1"
+    assert len(env["VLLM_CPU_OMP_THREADS_BIND"].split(",")) == 1
+    assert engine_env(SimpleNamespace(cell=plain, threads=None), "cuda") == {"VLLM_BATCH_INVARIANT": "0"}
     assert sampling_of({"strategy": "greedy"}) == {"temperature": 0.0}
     assert sampling_of({"strategy": "sample", "temperature": 0.7, "top_p": 0.9}) == {"temperature": 0.7, "top_p": 0.9}

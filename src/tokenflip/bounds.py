@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from .model_size import head_size
+from .model_size import head_size, random_model_config
 
-__all__ = ["model_problems", "machine_memory_bytes", "random_model_config", "longest_generation", "context_length"]
+__all__ = ["model_problems", "machine_memory_bytes", "longest_generation", "context_length"]
 
 _FP32_BYTES = 4
 
@@ -19,14 +19,6 @@ _FP32_BYTES = 4
 def machine_memory_bytes() -> int:
     """This machine's physical memory."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def random_model_config(spec: dict[str, Any]) -> dict[str, Any]:
-    """The transformers config fields a random model is built from: its architecture's
-    defaults, then the config's overrides (as `models.build_model` merges them)."""
-    from .models import TINY_ARCHITECTURES  # imports torch: only for configs with a random model
-
-    return {**TINY_ARCHITECTURES[spec["architecture"]], **spec.get("overrides", {})}
 
 
 def _parameters(fields: dict[str, Any]) -> int:

@@ -36,6 +36,9 @@ from typing import Any, Sequence
 # this module's tables and must not pay for them.
 
 # kv_dtype -> (transformers QuantizedCache backend, its options, the package it needs)
+# The axes that choose a cache form (each recorded under the cell's `cache_form`).
+CACHE_FORM_AXES = ("prefill_chunk", "prefix_cache", "kv_dtype", "cache_impl", "compile")
+
 KV_DTYPES: dict[str, tuple[str, dict[str, Any], str | None]] = {
     "fp8_e4m3": ("fp8", {}, None),
     "fp8_e5m2": ("fp8", {}, None),
@@ -160,7 +163,7 @@ class CacheForm:
     def describe(self, config) -> dict[str, Any]:
         """The form as recorded in a cell's provenance."""
         d: dict[str, Any] = {"impl": self.impl, "kv_dtype": self.kv_dtype, "prefill_chunk": self.prefill_chunk,
-                             "prefix_cache": self.prefix_cache, "compile": None}
+                             "prefix_cache": self.prefix_cache, "compiled": self.compiled, "compile": None}
         if self.kv_dtype != "default":
             backend, options, package = KV_DTYPES[self.kv_dtype]
             d["backend"] = {"name": backend, **options, **_group_options(backend, config),

@@ -46,9 +46,10 @@ BatchDecoder = Callable[[Any, Any, Any, Any], BatchResult]
 
 
 def generate_records(job: CellJob, tokenizer, bench: Benchmark, decode_batch: BatchDecoder, pad: int,
-                     progress: bool = True, device="cpu") -> list[dict]:
+                     progress: bool = True, device="cpu", observed: dict[str, Any] | None = None) -> list[dict]:
     """Decode every item of the benchmark in fixed batches of the cell's batch size, each
-    batch through `decode_batch` (the cell's engine; sampling draws on `device`)."""
+    batch through `decode_batch` (the cell's engine; sampling draws on `device`). The token
+    selector that ran goes into `observed["selector"]` (what proves the decoding axis)."""
     cell = job.cell
     items = bench.items()
     stop = stop_criterion(tokenizer, bench.stop)
@@ -58,6 +59,8 @@ def generate_records(job: CellJob, tokenizer, bench: Benchmark, decode_batch: Ba
         prompts = [runtime.encode_prompt(tokenizer, bench, item) for item in batch]
         ids, mask = left_pad(prompts, pad)
         select = make_selector(job.decoding, [item.id for item in batch], job.run_seed, device)
+        if observed is not None:
+            observed["selector"] = select.__name__
         cpu_start = time.process_time()
         result = decode_batch(ids, mask, select, stop)
         cpu = time.process_time() - cpu_start

@@ -96,7 +96,8 @@ def cmd_probe(args) -> None:
 
 def cmd_compare(args) -> None:
     from .compare import ComparabilityError, compare_files
-    from .jobs import COMPARABLE_AXES, Cell, Pair
+    from .axes import AXES
+    from .jobs import Cell, Pair
     from .storage import read_metadata
 
     if args.pair_id:
@@ -107,7 +108,7 @@ def cmd_compare(args) -> None:
             if meta.get("kind") != "cell":
                 raise ComparabilityError(f"{path}: a {meta.get('kind')!r} file; compare takes two cell files")
         a, b = (Cell.from_dict(meta["cell"]) for meta in metas)
-        axes = [ax for ax in COMPARABLE_AXES if a.value(ax) != b.value(ax)]
+        axes = [ax for ax in AXES if a.value(ax) != b.value(ax)]
         if len(axes) != 1 or a.model != b.model or a.benchmark != b.benchmark:
             raise ComparabilityError(f"{args.a} and {args.b} differ in {axes or 'nothing'}"
                                      f"{' and in model or benchmark' if (a.model, a.benchmark) != (b.model, b.benchmark) else ''}"

@@ -14,8 +14,9 @@ import numpy as np
 import pyarrow as pa
 
 from . import stats, storage
+from .axes import AXES
 from .engines import axis_provenance
-from .jobs import CACHE_FORM_AXES, Pair
+from .jobs import Pair
 
 # Provenance fields that legitimately differ between two cells of one run.
 _FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "table_sha256", "wall_seconds", "cpu_seconds",
@@ -30,29 +31,12 @@ CODE_VERDICTS = {"passed", "failed", "timeout", "no_code", "sandbox_error"}
 NEAR_TIE = 1e-3
 
 
-# Provenance that legitimately follows from the compared axis (beyond the cell spec).
-_AXIS_PROVENANCE = {
-    "decoding": ("settings.decoding",),
-    # The dtype a cell loads the stored weights in follows its precision (and, for the
-    # interventions that load fp32 weights, the intervention).
-    "precision": ("model.weights",),
-    "intervention": ("settings.intervention", "model.weights"),
-    "threads": ("settings.threads", "environment.device.threads"),
-    "device": ("settings.device", "environment.device"),
-    "deterministic": ("environment.determinism",),
-    **{axis: ("cache_form",) for axis in CACHE_FORM_AXES},
-    # Another engine reads the same model's GGUF (its weights recorded as such), caches in
-    # its own way, records its own version and build, and runs where it can: llama.cpp on the
-    # CPU, beside a transformers cell that may run on a GPU.
-    "engine": ("engine", "model.weights", "cache_form", "environment.device"),
-}
-
-
 def _allowed_fields(axis: str) -> tuple[str, ...]:
-    """What a value of `axis` legitimately changes: the fields above, and those each engine
-    declares for its own settings (llama.cpp's KV cache type follows the precision, vLLM's
-    arguments follow its scheduler axes)."""
-    return (*_AXIS_PROVENANCE.get(axis, ()), *axis_provenance(axis))
+    """What a value of `axis` legitimately changes: the fields its entry in the table of
+    axes names, those each engine declares for its own settings (llama.cpp's KV cache type
+    follows the precision, vLLM's arguments follow its scheduler axes), and the field that
+    proves the axis ran (it records the axis's own value)."""
+    return (*AXES[axis].provenance, *axis_provenance(axis))
 
 
 class ComparabilityError(ValueError):

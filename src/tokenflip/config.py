@@ -7,13 +7,13 @@ import copy
 import functools
 import importlib.resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import jsonschema
 import yaml
 
 from . import bounds, engines
-from .jobs import AXIS_DEFAULTS, COMPARABLE_AXES
+from .axes import AXES, GRID_DEFAULTS, ON_OFF_AXES, REQUIRED_AXES, axis_value, grid_schema
 from .registry import kinds_schema
 from .literals import literal_problems
 
@@ -68,19 +68,16 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-_ON_OFF_AXES = ("cache", "deterministic", "prefix_cache", "compile", "batch_invariant")
-
-
 def _normalise(config: dict[str, Any]) -> dict[str, Any]:
     """YAML 1.1 reads bare on/off as booleans; the on/off axes mean the strings."""
     config = copy.deepcopy(config)
     as_word = {True: "on", False: "off"}
     for grid in config.get("grids", []) or []:
-        for axis in _ON_OFF_AXES:
+        for axis in ON_OFF_AXES:
             if isinstance(grid, dict) and isinstance(grid.get(axis), list):
                 grid[axis] = [as_word.get(v, v) if isinstance(v, bool) else v for v in grid[axis]]
     for comp in config.get("comparisons", []) or []:
-        if isinstance(comp, dict) and comp.get("axis") in _ON_OFF_AXES:
+        if isinstance(comp, dict) and comp.get("axis") in ON_OFF_AXES:
             for side in ("a", "b"):
                 if isinstance(comp.get(side), bool):
                     comp[side] = as_word[comp[side]]
@@ -110,15 +107,18 @@ def schema() -> dict[str, Any]:
         name: {"type": "object", "additionalProperties": False, "description": probe.summary,
                "properties": {**COMMON_OPTIONS, **probe.options}}
         for name, probe in PROBES.items()}
-    props["comparisons"]["items"]["properties"]["axis"] = {"enum": list(COMPARABLE_AXES)}
-    grid_axes = props["grids"]["items"]["properties"]
+    props["comparisons"]["items"]["properties"]["axis"] = {"enum": list(AXES)}
+    grid = props["grids"]["items"]
+    grid["required"] = list(REQUIRED_AXES)
+    grid_axes = grid["properties"]
+    grid_axes.update({name: grid_schema(name) for name in AXES})
     grid_axes["engine"]["items"] = {"enum": list(engines.ENGINES)}
     # A comparison's sides take exactly what a grid takes for the axis (1 and "1" are not two
     # threads values: an integer axis refuses the string), so every value has one form.
     props["comparisons"]["items"]["allOf"] = [
         {"if": {"properties": {"axis": {"const": axis}}},
          "then": {"properties": {"a": grid_axes[axis]["items"], "b": grid_axes[axis]["items"]}}}
-        for axis in COMPARABLE_AXES if axis in grid_axes]
+        for axis in AXES]
     _bound_seeds(full)
     return full
 
@@ -264,7 +264,7 @@ def _undefined_names(config: dict[str, Any]):
     """Labels and names a grid uses that are not defined (without them no cell can be listed)."""
     for i, grid in enumerate(config["grids"]):
         for axis, block in (("decoding", "decoding"), ("intervention", "interventions")):
-            for label in grid.get(axis, [AXIS_DEFAULTS[axis]]):
+            for label in grid.get(axis, [GRID_DEFAULTS[axis]]):
                 if label not in config[block]:
                     yield (f"grids.{i}.{axis}: {label!r} is not defined under '{block}' "
                            f"(defined: {sorted(config[block])})")
@@ -274,19 +274,45 @@ def _undefined_names(config: dict[str, Any]):
                     yield f"grids.{i}.{key}: {name!r} is not defined under '{key}' (defined: {sorted(config[key])})"
 
 
+def _size_problems(config: dict[str, Any]) -> Iterator[str]:
+    """A study larger than `limits` allows, counted without listing a cell: per grid, its
+    models x benchmarks x the values of every axis (an upper bound where grids overlap)."""
+    limits = config["limits"]
+    cells = prompts = 0
+    for grid in config["grids"]:
+        per_benchmark = 1
+        for axis in AXES:
+            per_benchmark *= len(grid.get(axis, [None]))
+        models = len(grid.get("models", config["models"]))
+        for bench in grid.get("benchmarks", list(config["benchmarks"])):
+            cells += models * per_benchmark
+            spec = config["benchmarks"].get(bench)
+            prompts += models * per_benchmark * (spec.get("n") or 0 if isinstance(spec, dict) else 0)
+    if cells > limits["max_cells"]:
+        yield (f"grids: {cells:,} cells, more than limits.max_cells {limits['max_cells']:,} (raise limits.max_cells "
+               f"in the config for a study this large, or split it into several runs)")
+    if prompts > limits["max_prompts"]:
+        yield (f"benchmarks: {prompts:,} prompts to generate over the cells, more than limits.max_prompts "
+               f"{limits['max_prompts']:,} (lower the benchmarks' n, or raise limits.max_prompts)")
+
+
 def _semantic_problems(config: dict[str, Any]):
     """Cross-references the schema cannot express."""
     from .interventions import spec_problems
-    from .plan import axis_value, expand_cells, pairs_of_comparison
+    from .plan import expand_cells, pairs_of_comparison
 
     undefined = list(_undefined_names(config))
     yield from undefined
+    too_large = list(_size_problems(config))
+    if too_large:  # no cell is listed: listing them is what would not end
+        yield from too_large
+        return
     for name, spec in config["interventions"].items():
         yield from spec_problems(name, spec)
-    values: dict[str, set] = {axis: set() for axis in COMPARABLE_AXES}
+    values: dict[str, set] = {axis: set() for axis in AXES}
     for grid in config["grids"]:
-        for axis in COMPARABLE_AXES:
-            values[axis].update(axis_value(axis, v) for v in grid.get(axis, [AXIS_DEFAULTS.get(axis)]))
+        for axis in AXES:
+            values[axis].update(axis_value(axis, v) for v in grid.get(axis, [GRID_DEFAULTS.get(axis)]))
     for i, comp in enumerate(config["comparisons"]):
         axis = comp["axis"]
         if axis_value(axis, comp["a"]) == axis_value(axis, comp["b"]):
@@ -308,9 +334,9 @@ def _semantic_problems(config: dict[str, Any]):
                     yield (f"probes.{probe}.{key}: {name!r} is not defined under '{key}' "
                            f"(defined: {sorted(config[key])})")
     if not undefined:
-        yield from engines.config_problems(config, AXIS_DEFAULTS)
+        yield from engines.config_problems(config, GRID_DEFAULTS)
         yield from _probe_form_problems(config)
-        yield from engines.probe_problems(config)
+        yield from _probe_engine_problems(config)
         yield from bounds.model_problems(config)
     if not undefined:
         cells = expand_cells(config)
@@ -320,6 +346,57 @@ def _semantic_problems(config: dict[str, Any]):
                 yield (f"comparisons.{i}: {comp['axis']} {comp['a']!r} vs {comp['b']!r} forms no pair: no two "
                        f"cells differ only in {comp['axis']!r} (put both values in one grid, with the same "
                        f"other axis values)")
+        yield from _same_setting_problems(config, cells)
+
+
+def _same_setting_problems(config: dict[str, Any], cells) -> Iterator[str]:
+    """A comparison whose `default` resolves to the same setting as its other value in the
+    engine that runs them (vLLM's own number of requests in flight is 256, so `default` vs
+    256 compares a configuration with itself; threads `default` vs 1 where the run's threads
+    are 1): the engine's proof of the axis says what each side would run, and a pair whose
+    sides would run the same is refused, naming both values and that setting."""
+    from .plan import cell_job, pairs_of_comparison
+
+    for i, comp in enumerate(config["comparisons"]):
+        axis = comp["axis"]
+        if AXES[axis].unprovable or "default" not in (str(comp["a"]), str(comp["b"])):
+            # A repeat runs one setting on purpose; two named values that another axis makes
+            # the same (bf16 vs fp16 under the fp32 oracle) are a control, not a mistake.
+            continue
+        seen = set()
+        for pair in pairs_of_comparison(comp, cells):
+            engine = engines.engine(pair.a.engine)
+            proof = engine.proof(axis) if axis in engine.honours else None
+            if proof is None or engine.name in seen:
+                continue
+            jobs = [cell_job(config, cell) for cell in (pair.a, pair.b)]
+            if {**jobs[0].to_json(), "cell": None} != {**jobs[1].to_json(), "cell": None}:
+                continue  # the jobs differ beyond the cell's name (two decoding entries, say)
+            try:
+                sides = [proof.expect(job, {}) for job in jobs]
+            except (KeyError, TypeError):
+                continue  # a proof that needs what only the run shows (the prompts a batch held)
+            if sides[0] is not None and sides[0] == sides[1]:
+                seen.add(engine.name)
+                yield (f"comparisons.{i}: {axis} {comp['a']!r} vs {comp['b']!r} compares one setting with itself in "
+                       f"engine {engine.name!r}: both run with {proof.field.rsplit('.', 1)[-1]}={sides[0]!r} "
+                       f"(compare values that differ, or use `repeat` to rerun one setting)")
+
+
+def _probe_engine_problems(config: dict[str, Any]) -> Iterator[str]:
+    """A probe over a model and benchmark whose cells all run in another engine: probes
+    replay the transformers model, so it would trace something the study does not run."""
+    from .plan import expand_cells, probe_targets
+
+    engines_of: dict[tuple[str, str], set[str]] = {}
+    for cell in expand_cells(config):
+        engines_of.setdefault((cell.model, cell.benchmark), set()).add(cell.engine)
+    for probe, model, benchmark in probe_targets(config):
+        found = engines_of.get((model, benchmark), set())
+        if found and engines.TRANSFORMERS not in found:
+            yield (f"probes.{probe}: model {model!r} on benchmark {benchmark!r} has only {' and '.join(sorted(found))} "
+                   f"cells; probes replay the transformers model (add transformers cells, or name other benchmarks "
+                   f"under probes.{probe}.benchmarks)")
 
 
 def _probe_form_problems(config: dict[str, Any]):

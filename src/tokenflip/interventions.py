@@ -178,6 +178,21 @@ INTERVENTIONS.register(Intervention(
     loads=True))
 
 
+NO_INTERVENTION = "none"
+
+
+def is_no_intervention(spec: dict[str, Any] | None) -> bool:
+    """Whether a config entry changes nothing: known by its kind, never by its label (a
+    study may call its baseline `baseline: {kind: none}`)."""
+    return isinstance(spec, dict) and spec.get("kind", NO_INTERVENTION) == NO_INTERVENTION
+
+
+def no_intervention_labels(config: dict[str, Any]) -> tuple[str, ...]:
+    """The config's labels of entries that change nothing (usually just `none`)."""
+    return tuple(sorted(label for label, spec in config.get("interventions", {}).items()
+                        if is_no_intervention(spec)))
+
+
 def _steps(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return spec["of"] if spec.get("kind") == "compose" else [spec]
 

@@ -12,63 +12,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING as _MISSING
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Any
 
-# Axes that are always encoded in the cell file name (model and benchmark are directories).
-NAME_AXES = ("precision", "cache", "batch_size", "decoding", "intervention")
-# Further axes, encoded as `-axis=value` only when not at their default, so that adding
-# one to a config leaves the names (and files) of every existing cell unchanged.
-# `default` means: what the library or the run's `generation` settings choose.
-# `repeat` changes nothing but the cell's name: comparing `repeat: default` with `2` asks
-# whether the same cell run twice is bitwise identical (arXiv 2609.26621 §6.1).
-# The cache forms serving engines turn on (see `caches`): how the prompt is prefilled
-# (`prefill_chunk`), a shared prefix computed once (`prefix_cache`), the cached keys' and
-# values' storage format (`kv_dtype`), a static cache (`cache_impl`), a compiled forward.
-# `engine`: the inference engine that runs the cell (`engines`: transformers, llama.cpp, vllm).
-# A serving engine's scheduler knobs: requests in flight (`concurrency`), batch-invariant
-# kernels (`batch_invariant`), the devices a model is split over (`tensor_parallel`).
-EXTRA_AXES = {"attention": "default", "threads": "default", "device": "default", "deterministic": "default",
-              "repeat": "default", "prefill_chunk": "default", "prefix_cache": "off", "kv_dtype": "default",
-              "cache_impl": "dynamic", "compile": "off", "engine": "transformers", "concurrency": "default",
-              "batch_invariant": "off", "tensor_parallel": "1"}
-CACHE_FORM_AXES = ("prefill_chunk", "prefix_cache", "kv_dtype", "cache_impl", "compile")
-COMPARABLE_AXES = NAME_AXES + tuple(EXTRA_AXES)
-AXIS_DEFAULTS = {"decoding": "greedy", "intervention": "none", **EXTRA_AXES}
+from .axes import ALL_AXES, AXES, CORE_AXES, FURTHER_AXES
 
 
 class JobSpecError(ValueError):
     """A job spec (JSON from the plan) is missing, has unknown or has mistyped fields."""
 
 
-@dataclass(frozen=True, order=True)
-class Cell:
-    model: str
-    benchmark: str
-    precision: str
-    cache: str
-    batch_size: int
-    decoding: str
-    intervention: str
-    attention: str = "default"
-    threads: str = "default"
-    device: str = "default"
-    deterministic: str = "default"
-    repeat: str = "default"
-    prefill_chunk: str = "default"
-    prefix_cache: str = "off"
-    kv_dtype: str = "default"
-    cache_impl: str = "dynamic"
-    compile: str = "off"
-    engine: str = "transformers"
-    concurrency: str = "default"
-    batch_invariant: str = "off"
-    tensor_parallel: str = "1"
+class _CellMethods:
+    """What a cell is besides its axis values (the fields come from the table of axes)."""
 
     @property
     def name(self) -> str:
-        core = f"{self.precision}-{self.cache}-bs{self.batch_size}-{self.decoding}-{self.intervention}"
-        extra = "".join(f"-{axis}={self.value(axis)}" for axis, default in EXTRA_AXES.items()
+        core = "-".join(f"{AXES[axis].prefix}{self.value(axis)}" for axis in CORE_AXES)
+        extra = "".join(f"-{axis}={self.value(axis)}" for axis, default in FURTHER_AXES.items()
                         if self.value(axis) != default)
         return core + extra
 
@@ -93,22 +53,41 @@ class Cell:
         if missing or unknown:
             raise JobSpecError(f"cell: missing fields {missing}, unknown fields {unknown}")
         try:
-            return cls(**{k: (int(v) if k == "batch_size" else str(v)) for k, v in d.items()})
+            return cls(**{k: (AXES[k].value(v) if k in AXES else str(v)) for k, v in d.items()})
         except (TypeError, ValueError) as exc:
             raise JobSpecError(f"cell: {exc}") from None
 
     @classmethod
     def from_name(cls, model: str, benchmark: str, name: str) -> "Cell":
         parts = name.split("-")
-        if len(parts) < 5 or not parts[2].startswith("bs"):
-            raise JobSpecError(f"cell name {name!r}: expected precision-cache-bsN-decoding-intervention[-axis=value]")
-        precision, cache, bs, decoding, intervention = parts[:5]
-        extra = dict(part.split("=", 1) for part in parts[5:] if "=" in part)
-        unknown = sorted(set(extra) - set(EXTRA_AXES))
-        if unknown or len(extra) != len(parts) - 5:
-            raise JobSpecError(f"cell name {name!r}: unknown axes {unknown or parts[5:]}")
-        return cls(model, benchmark, precision, cache, int(bs.removeprefix("bs")), decoding, intervention,
-                   **extra)
+        n = len(CORE_AXES)
+        if len(parts) < n or any(not parts[i].startswith(AXES[a].prefix) for i, a in enumerate(CORE_AXES)):
+            raise JobSpecError(f"cell name {name!r}: expected {'-'.join(AXES[a].prefix + a for a in CORE_AXES)}"
+                               f"[-axis=value]")
+        core = {axis: parts[i].removeprefix(AXES[axis].prefix) for i, axis in enumerate(CORE_AXES)}
+        extra = dict(part.split("=", 1) for part in parts[n:] if "=" in part)
+        unknown = sorted(set(extra) - set(FURTHER_AXES))
+        if unknown or len(extra) != len(parts) - n:
+            raise JobSpecError(f"cell name {name!r}: unknown axes {unknown or parts[n:]}")
+        try:
+            return cls.from_dict({"model": model, "benchmark": benchmark, **core, **extra})
+        except JobSpecError as exc:
+            raise JobSpecError(f"cell name {name!r}: {exc}") from None
+
+
+def _cell_fields() -> list:
+    """model, benchmark, then every axis in table order: the core axes required, the
+    further ones defaulting to their default (so a cell made before an axis existed reads)."""
+    out: list = [("model", str), ("benchmark", str)]
+    for axis in AXES.values():
+        kind = int if axis.integer else str
+        out.append((axis.name, kind) if axis.core else (axis.name, kind, field(default=axis.grid_default)))
+    return out
+
+
+Cell = make_dataclass("Cell", _cell_fields(), bases=(_CellMethods,), frozen=True, order=True,
+                      namespace={"__doc__": "One generation job, by its model, benchmark and axis values.",
+                                 "__module__": __name__})
 
 
 @dataclass(frozen=True, order=True)
@@ -121,10 +100,9 @@ class Pair:
     def context(self) -> str:
         """The values the two cells share, in file-name order, with the compared axis as 'x'."""
         parts = []
-        for axis in NAME_AXES:
-            v = "x" if axis == self.axis else self.a.value(axis)
-            parts.append(f"bs{v}" if axis == "batch_size" and v != "x" else str(v))
-        for axis, default in EXTRA_AXES.items():
+        for axis in CORE_AXES:
+            parts.append("x" if axis == self.axis else f"{AXES[axis].prefix}{self.a.value(axis)}")
+        for axis, default in FURTHER_AXES.items():
             if axis == self.axis:
                 parts.append(f"{axis}=x")
             elif self.a.value(axis) != default:
@@ -147,13 +125,13 @@ class Pair:
     @classmethod
     def from_parts(cls, model: str, benchmark: str, axis: str, a: str, b: str, context: str) -> "Pair":
         """Rebuild a pair from the pieces of its path (what Snakemake wildcards hold)."""
-        if axis not in COMPARABLE_AXES:
-            raise JobSpecError(f"pair: unknown axis {axis!r}; known: {list(COMPARABLE_AXES)}")
+        if axis not in ALL_AXES:
+            raise JobSpecError(f"pair: unknown axis {axis!r}; known: {list(ALL_AXES)}")
         values = context.split("-")
         d: dict[str, Any] = {"model": model, "benchmark": benchmark}
-        for name, v in zip(NAME_AXES, values):
-            d[name] = v.removeprefix("bs") if name == "batch_size" and v != "x" else v
-        d.update(part.split("=", 1) for part in values[len(NAME_AXES):])
+        for name, v in zip(CORE_AXES, values):
+            d[name] = v.removeprefix(AXES[name].prefix) if v != "x" else v
+        d.update(part.split("=", 1) for part in values[len(CORE_AXES):])
         return cls(axis, Cell.from_dict({**d, axis: a}), Cell.from_dict({**d, axis: b}))
 
     @classmethod
@@ -168,8 +146,7 @@ class Pair:
 
 
 def _fmt(axis: str, cell: Cell) -> str:
-    v = cell.value(axis)
-    return f"bs{v}" if axis == "batch_size" else str(v)
+    return f"{AXES[axis].prefix}{cell.value(axis)}"
 
 
 def _parse(cls, data: Any, what: str):

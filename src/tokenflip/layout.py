@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODELS_DIR = "resources/models"
-SUMMARY_TABLES = ("cells", "pairs", "first_divergence", "interventions", "environment")
 
 
 @dataclass(frozen=True)

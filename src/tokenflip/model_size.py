@@ -172,3 +172,11 @@ def model_size(name: str, spec: dict[str, Any], models_dir: Path) -> ModelSize |
         if label and (n := size_in_name(str(label))):
             return ModelSize(n, n, None, None, "size in its name (no configuration at hand)")
     return None
+
+
+def random_model_config(spec: dict[str, Any]) -> dict[str, Any]:
+    """The transformers config fields a random model is built from: its architecture's
+    defaults, then the config's overrides (as `models.build_model` merges them)."""
+    from .models import TINY_ARCHITECTURES  # imports torch: only for configs with a random model
+
+    return {**TINY_ARCHITECTURES[spec["architecture"]], **spec.get("overrides", {})}

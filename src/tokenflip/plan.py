@@ -1,9 +1,8 @@
 """Config → cells, pairs and probe jobs: the one place that decides what the pipeline runs.
 
-A cell is one generation job (model x precision x cache x benchmark x batch size x
-decoding x intervention, and optionally attention kernel, threads, device and
-deterministic mode). A pair is two cells that differ in exactly one axis; no code below
-is specific to one axis. A job's settings come from its own model, benchmark and axis
+A cell is one generation job: a model and a benchmark crossed with one value of every axis
+of the table of axes (`axes`). A pair is two cells that differ in exactly one axis; no code
+below is specific to one axis. A job's settings come from its own model, benchmark and axis
 values only, so that adding a model or a benchmark adds jobs without touching old ones.
 """
 
@@ -13,27 +12,21 @@ import itertools
 from dataclasses import replace
 from typing import Any, Iterable
 
-from .jobs import AXIS_DEFAULTS, EXTRA_AXES, Cell, CellJob, Pair, ProbeJob
+from .axes import AXES, GRID_DEFAULTS, axis_value
+from .jobs import Cell, CellJob, Pair, ProbeJob
 
-__all__ = ["axis_value", "expand_cells", "expand_pairs", "pairs_of_comparison", "cell_job", "probe_targets", "probe_job",
+__all__ = ["expand_cells", "expand_pairs", "pairs_of_comparison", "cell_job", "probe_targets", "probe_job",
            "Cell", "Pair"]
 
 
-def axis_value(axis: str, value: Any) -> Any:
-    """The one form of an axis value in cells, pairs and checks: the batch size an integer,
-    every other value its text (threads 2 -> "2", the name its file names use). The schema
-    gives a comparison's sides the grid's types, so 1 and "1" never meet here."""
-    return int(value) if axis == "batch_size" else str(value)
-
-
 def _grid_values(grid: dict[str, Any], axis: str) -> list[Any]:
-    return [axis_value(axis, v) for v in grid.get(axis, [AXIS_DEFAULTS.get(axis)])]
+    return [axis_value(axis, v) for v in grid.get(axis, [GRID_DEFAULTS.get(axis)])]
 
 
 def expand_cells(config: dict[str, Any]) -> list[Cell]:
     """Every cell of every grid, for every model and benchmark, deduplicated and sorted."""
     cells: set[Cell] = set()
-    axes = ["precision", "cache", "batch_size", "decoding", "intervention", *EXTRA_AXES]
+    axes = list(AXES)
     for grid in config["grids"]:
         models = grid.get("models", list(config["models"]))
         benches = grid.get("benchmarks", list(config["benchmarks"]))
@@ -70,6 +63,8 @@ def expand_pairs(config: dict[str, Any], cells: Iterable[Cell]) -> list[Pair]:
 def cell_job(config: dict[str, Any], cell: Cell) -> CellJob:
     """Everything a cell's output depends on, and nothing else: the job's whole input
     besides the prepared model. Changing one benchmark's settings changes only its cells."""
+    from .engines import engine
+
     bench = config["benchmarks"][cell.benchmark]
     generation = config["generation"]
     return CellJob(
@@ -81,8 +76,11 @@ def cell_job(config: dict[str, Any], cell: Cell) -> CellJob:
         decoding=config["decoding"][cell.decoding],
         intervention=config["interventions"][cell.intervention],
         record_top_k=generation["record_top_k"],
-        device=generation["device"],
-        threads=generation["threads"],
+        # The cell's own device and threads where it names them, else the run's: the value
+        # the cell's name states is the one its engine computes with (and records); the
+        # device as the engine resolves it (llama.cpp's build computes on the CPU).
+        device=engine(cell.engine).job_device(cell, generation["device"] if cell.device == "default" else cell.device),
+        threads=generation["threads"] if cell.threads == "default" else int(cell.threads),
     )
 
 
@@ -97,17 +95,25 @@ def probe_targets(config: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def plain_values(greedy: Iterable[str], none: Iterable[str]) -> dict[str, tuple]:
-    """The plain setting, per axis (the values a cell has when nothing is varied): cache on,
-    batch size 1, a greedy decoding, no intervention, every further axis at its default.
-    `greedy` / `none`: the config's labels of greedy decoding and of no intervention."""
-    return {"cache": ("on",), "batch_size": (1,), "decoding": tuple(sorted(greedy)),
-            "intervention": tuple(sorted(none)), **{axis: (default,) for axis, default in EXTRA_AXES.items()}}
+    """The plain setting, per axis (the values a cell has when nothing is varied): each
+    axis's plain value (cache on, batch size 1), a greedy decoding, no intervention, every
+    further axis at its default. `greedy` / `none`: the config's labels of greedy decoding
+    and of no intervention (interventions of kind `none`, whatever their label)."""
+    plain: dict[str, tuple] = {}
+    for axis in AXES.values():
+        if axis.plain is not None:
+            plain[axis.name] = (axis.plain,)
+        elif not axis.core:
+            plain[axis.name] = (axis.grid_default,)
+    return {**plain, "decoding": tuple(sorted(greedy)), "intervention": tuple(sorted(none))}
 
 
 def config_plain_values(config: dict[str, Any]) -> dict[str, tuple]:
     """`plain_values` with the config's own labels."""
+    from .interventions import no_intervention_labels
+
     return plain_values((d for d, s in config.get("decoding", {}).items() if s.get("strategy") == "greedy"),
-                        (i for i, s in config.get("interventions", {}).items() if s.get("kind") == "none"))
+                        no_intervention_labels(config))
 
 
 def at_defaults(config: dict[str, Any], cell: Cell, except_axes: tuple[str, ...] = ()) -> bool:

@@ -7,7 +7,8 @@ import json
 from tokenflip.benchmarks import build_benchmark
 from tokenflip.bounds import longest_generation
 from tokenflip.engines import engine as engine_of
-from tokenflip.jobs import COMPARABLE_AXES, Cell, Pair
+from tokenflip.axes import AXES, cell_name_pattern
+from tokenflip.jobs import Cell, Pair
 from tokenflip.layout import RunLayout
 from tokenflip.plan import cell_job, expand_cells, expand_pairs, job_priorities, probe_job, probe_targets
 from tokenflip.probes import PROBES
@@ -30,8 +31,8 @@ CONFIG_JSON = json.dumps(config, sort_keys=True)
 wildcard_constraints:
     model=r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
     benchmark=r"[A-Za-z0-9_][A-Za-z0-9_.-]*",
-    cell=r"(fp32|bf16|fp16)-(on|off)-bs\d+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+(-[a-z_]+=[A-Za-z0-9_.]+)*",
-    axis="|".join(COMPARABLE_AXES),
+    cell=cell_name_pattern(),
+    axis="|".join(AXES),
     a=r"[A-Za-z0-9_.]+",
     b=r"[A-Za-z0-9_.]+",
     context=r"[A-Za-z0-9_.=-]+",
@@ -117,16 +118,14 @@ def probe_out_dir(probe):
 
 
 def job_device(wildcards):
-    """Where a generation or probe job runs: its cell's device axis, else the run's
-    `generation.device`; `auto` means CUDA when this machine has it."""
-    cell = cell_of(wildcards) if "cell" in wildcards.keys() else None
-    device = cell.device if cell is not None else "default"
-    if device == "default":
+    """Where a generation or probe job runs: the device its job spec names (the cell's
+    device axis, else the run's `generation.device`, as the cell's engine resolves it);
+    `auto` means CUDA when this machine has it."""
+    if "cell" in wildcards.keys():
+        device = cell_job(config, cell_of(wildcards)).device
+    else:
         device = config["generation"]["device"]
-    if device == "auto":
-        device = "cuda" if accelerator_present() else "cpu"
-    # An engine runs where its build runs (llama.cpp and vLLM's CPU build on the CPU).
-    return engine_of(cell.engine).job_device(cell, device) if cell is not None else device
+    return ("cuda" if accelerator_present() else "cpu") if device == "auto" else device
 
 
 def accelerator_present():
@@ -135,16 +134,13 @@ def accelerator_present():
 
 
 def generate_threads(wildcards):
-    """A cell on the threads axis gets exactly its threads; otherwise the configured
-    number, or on a GPU every core Snakemake was given, and on a CPU one core per job, so
-    that CPU jobs run side by side and each one's CPU time is its own."""
-    if "cell" in wildcards.keys():
-        cell = cell_of(wildcards)
-        threads = int(cell.threads) if cell.threads != "default" else None
-    else:
-        cell, threads = None, None
+    """The cores a job holds: its job spec's threads (the cell's threads axis, else
+    `generation.threads`), else on a GPU every core Snakemake was given, and on a CPU one
+    core per job, so that CPU jobs run side by side and each one's CPU time is its own."""
+    cell = cell_of(wildcards) if "cell" in wildcards.keys() else None
+    threads = cell_job(config, cell).threads if cell is not None else config["generation"]["threads"]
     if threads is None:
-        threads = config["generation"]["threads"] or (workflow.cores if job_device(wildcards) == "cuda" else 1)
+        threads = workflow.cores if job_device(wildcards) == "cuda" else 1
     return engine_of(cell.engine).job_threads(cell, threads, workflow.cores) if cell is not None else threads
 
 

@@ -1,9 +1,11 @@
 """The engine axis: which inference engine runs a cell, as a registry.
 
-Each engine is one module with one `Engine` (`base`): the axes it honours, why it refuses
-the others, where its jobs run, what it records and how it decodes. Validation, the plan,
-the Snakefile's resources and `cell.run_cell` go through `ENGINES`; adding an engine is one
-module and one line here.
+Each engine is one module with one `Engine` (`base`): the axes it honours (an allow list),
+why it refuses the others, where its jobs run, what proves each axis it honours, and how it
+decodes. Validation, the plan, the Snakefile's resources and `cell.run_cell` go through
+`REGISTRY`; adding an engine is one module and one line here. Engines that run in another
+interpreter share one worker protocol (`worker`). No module is named like the package it
+wraps, so none shadows it.
 
 - `transformers`: tokenflip's own decode loop over a transformers model (the reference,
   the engine probes replay);
@@ -16,16 +18,17 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from .base import Engine, grid_values
-from .llama_cpp import LLAMA_CPP, LLAMA_CPP_PACKAGE, LlamaCppEngine
-from .transformers import TRANSFORMERS, Transformers
-from .vllm import VLLM, Vllm
+from .base import Decoded, Engine, grid_values
+from .llama_cpp_gguf import LLAMA_CPP, LLAMA_CPP_PACKAGE, LlamaCppEngine
+from .transformers_loop import TRANSFORMERS, Transformers
+from .vllm_offline import VLLM, Vllm
 
 REGISTRY: dict[str, Engine] = {engine.name: engine for engine in (Transformers(), LlamaCppEngine(), Vllm())}
 ENGINES = tuple(REGISTRY)
 
-__all__ = ["ENGINES", "LLAMA_CPP", "LLAMA_CPP_PACKAGE", "REGISTRY", "TRANSFORMERS", "VLLM", "Engine", "engine",
-           "unavailable", "config_problems", "probe_problems"]
+__all__ = ["ENGINES", "LLAMA_CPP", "LLAMA_CPP_PACKAGE", "REGISTRY", "TRANSFORMERS", "VLLM", "Decoded", "Engine",
+           "engine",
+           "unavailable", "config_problems"]
 
 
 def engine(name: str) -> Engine:
@@ -52,22 +55,6 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
                 yield f"{where}: {reason}"
             yield from eng.refused_axes(config, grid, where, defaults)
             yield from eng.grid_problems(config, grid, where, defaults)
-
-
-def probe_problems(config: dict[str, Any]) -> Iterator[str]:
-    """A probe over a model and benchmark whose cells all run in another engine: probes
-    replay the transformers model, so it would trace something the study does not run."""
-    from ..plan import expand_cells, probe_targets
-
-    engines_of: dict[tuple[str, str], set[str]] = {}
-    for cell in expand_cells(config):
-        engines_of.setdefault((cell.model, cell.benchmark), set()).add(cell.engine)
-    for probe, model, benchmark in probe_targets(config):
-        found = engines_of.get((model, benchmark), set())
-        if found and TRANSFORMERS not in found:
-            yield (f"probes.{probe}: model {model!r} on benchmark {benchmark!r} has only {' and '.join(sorted(found))} "
-                   f"cells; probes replay the transformers model (add transformers cells, or name other benchmarks "
-                   f"under probes.{probe}.benchmarks)")
 
 
 def axis_provenance(axis: str) -> tuple[str, ...]:

@@ -3,6 +3,8 @@ the vLLM engine makes before its engine starts and after it returns."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from ..model_size import head_size
@@ -33,8 +35,23 @@ def head_size_problem(fields: dict[str, Any]) -> str | None:
 def check_resolved(requested: dict[str, Any], resolved: dict[str, Any]) -> None:
     """vLLM adjusts arguments to its platform with only a line in its log (a block size, a
     compilation mode, a dtype it prefers): a cell whose engine did not run what the cell's
-    spec asks for is refused, naming the argument, instead of being compared as if it had."""
+    spec asks for is refused, naming the argument, instead of being compared as if it had.
+    Every argument asked for must come back: one the worker does not read back is refused
+    too, since nothing would show what vLLM made of it."""
     for key, want in requested.items():
-        if key in resolved and resolved[key] != want:
+        if key not in resolved:
+            raise VllmError(f"engine 'vllm': asked for {key}={want!r}, but vLLM's resolved arguments do not say "
+                            f"what it ran with (the worker reads back {sorted(resolved)}); this cell could not be "
+                            f"shown to be what its name says")
+        if resolved[key] != want:
             raise VllmError(f"engine 'vllm': asked for {key}={want!r}, but vLLM ran with {key}={resolved[key]!r} "
                             f"(its log above says why); this cell would not be what its name says")
+
+
+def cuda_devices() -> int | None:
+    """How many CUDA devices this machine shows (None where it shows none)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    found = [p for p in Path("/dev").glob("nvidia[0-9]*")]
+    return len(found) if found else None

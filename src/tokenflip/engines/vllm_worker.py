@@ -60,7 +60,16 @@ def _resolved(llm) -> dict:
         "compilation_mode": _name(getattr(comp, "mode", getattr(comp, "level", None))),
         "cudagraph_mode": _name(getattr(comp, "cudagraph_mode", None)),
         "tensor_parallel_size": par.tensor_parallel_size,
+        "max_logprobs": model.max_logprobs,
+        "disable_log_stats": not bool(getattr(llm.llm_engine, "log_stats", False)),
     }
+
+
+def _sampling(params) -> dict:
+    """The sampling parameters as vLLM holds them (it may adjust what it was given)."""
+    return {"temperature": float(params.temperature), "top_k": params.top_k, "top_p": float(params.top_p),
+            "seed": params.seed, "repetition_penalty": float(params.repetition_penalty),
+            "sampling_type": _name(getattr(params, "sampling_type", None))}
 
 
 def _name(value) -> str | None:
@@ -158,11 +167,12 @@ def run(request: dict) -> dict:
         rows.append({"token_ids": list(choice.token_ids), "top_ids": top_ids, "top_logits": top_logits,
                      "finish_reason": _finish(choice), "cached_tokens": int(out.num_cached_tokens or 0)})
     env = {key: os.environ.get(key) for key in request["env_keys"]}
+    sampled = _sampling(params(0, request["max_tokens"])) if request["prompts"] else {}
     where = _platform()
     engine = {"name": "vllm", "package": {name: version}, "build_sha256": _build_digest(name),
               "system_info": ", ".join(f"{key} {where[key]}" for key in ("device_type", "cpu_capability", "device_name",
                                                                          "torch", "transformers") if where.get(key)),
-              "platform": where, "args": _resolved(llm), "env": env}
+              "platform": where, "args": _resolved(llm), "env": env, "sampling": sampled}
     timing = {"start_s": started, "warm_s": warm_s, "generate_s": generate_s, "rounds_s": rounds_s,
               "generate_cpu_s": rounds_cpu_s[0], "rounds_cpu_s": rounds_cpu_s, "total_cpu_s": _tree_cpu_seconds()}
     return {"outputs": rows, "engine": engine, "timing": timing}

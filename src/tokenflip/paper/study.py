@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from ..interventions import is_no_intervention
 from .formats import _pct, _words
 
 
@@ -72,7 +73,7 @@ class Study:
             format={b: str(s.get("format", "chat")) for b, s in benches.items()},
             greedy=frozenset(d for d, s in config.get("decoding", {"greedy": {"strategy": "greedy"}}).items()
                              if s.get("strategy") == "greedy"),
-            none=frozenset(i for i, s in interventions.items() if s.get("kind") == "none") or frozenset({"none"}),
+            none=frozenset(i for i, s in interventions.items() if is_no_intervention(s)) or frozenset({"none"}),
             c_labels=frozenset(gated_c_labels(config)),
             b8_labels=frozenset(i for i, s in interventions.items()
                                 if s.get("kind") == "topk_fp32" and s.get("top_k", 8) == 8))

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from .. import paper, stats, storage
+from ..axes import AXES
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -127,10 +128,10 @@ def condition_labels(rows: pd.DataFrame) -> pd.Series:
     fp32 is another finding than in fp16), the engine, and the further axes away from their
     defaults, such as vLLM's requests in flight (`concurrency 1`), so that no figure pools
     what differs. Repeats are pooled: they run the same configuration again."""
-    from ..jobs import EXTRA_AXES
+    from ..axes import FURTHER_AXES
 
     labels = rows["axis"].astype(str) + ": " + rows["a"].astype(str) + " vs " + rows["b"].astype(str)
-    for setting in ("precision", *(a for a in EXTRA_AXES if a != "repeat")):
+    for setting in ("precision", *(a for a in FURTHER_AXES if a != "repeat")):
         if setting not in rows:
             continue
         values = rows[setting]
@@ -139,7 +140,7 @@ def condition_labels(rows: pd.DataFrame) -> pd.Series:
         if setting in ("precision", "engine"):
             shown = values.astype(str)
         else:  # a further axis is named where it is not at its default ("concurrency 1")
-            kept &= values.astype(str) != str(EXTRA_AXES[setting])
+            kept &= values.astype(str) != str(FURTHER_AXES[setting])
             shown = f"{setting} " + values.astype(str)
         labels = labels.where(~kept, labels + " · " + shown)
     return labels
@@ -151,13 +152,13 @@ def in_words(values: dict[str, Any], plain: bool = True) -> str:
     out, the further axes only where they are not at their default (and with `plain=False`
     greedy decoding and no intervention too). The file-name form stays in the tables'
     shared-settings column."""
-    from ..jobs import EXTRA_AXES, NAME_AXES
+    from ..axes import CORE_AXES, FURTHER_AXES
 
     def given(v: Any) -> bool:
         return v is not None and not (isinstance(v, float) and math.isnan(v))
 
     parts = []
-    for axis in NAME_AXES:
+    for axis in CORE_AXES:
         v = values.get(axis)
         if not given(v):
             continue
@@ -166,26 +167,20 @@ def in_words(values: dict[str, Any], plain: bool = True) -> str:
         elif axis == "batch_size":
             parts.append(f"batch size {_batch(v)}")
         elif axis == "intervention":
-            if v != "none" or plain:
-                parts.append("no intervention" if v == "none" else f"intervention {v}")
+            none = values.get("no_intervention") is True  # by kind (the summary's column), not by label
+            if not none or plain:
+                parts.append("no intervention" if none else f"intervention {v}")
         elif axis == "decoding" and v == "greedy" and not plain:
             continue
         else:
             parts.append(str(v))
-    parts += [value_words(axis, values[axis]) for axis, default in EXTRA_AXES.items()
+    parts += [value_words(axis, values[axis]) for axis, default in FURTHER_AXES.items()
               if given(values.get(axis)) and str(values[axis]) != str(default)]
     return ", ".join(parts)
 
 
-# What an axis and its values mean, for readers who do not know the config's names.
-AXIS_WORDS = {"precision": "precision", "cache": "KV cache", "batch_size": "batch size", "decoding": "decoding",
-              "intervention": "intervention", "attention": "attention kernel", "threads": "CPU threads",
-              "device": "device", "deterministic": "deterministic algorithms", "repeat": "the same cell run again",
-              "prefill_chunk": "chunked prefill", "prefix_cache": "prefix caching",
-              "kv_dtype": "KV cache storage format", "cache_impl": "KV cache implementation",
-              "compile": "compiled forward pass", "engine": "inference engine",
-              "concurrency": "requests in flight", "batch_invariant": "batch-invariant kernels",
-              "tensor_parallel": "devices the model is split over"}
+# What an axis means, for readers who do not know the config's names (the table of axes).
+AXIS_WORDS = {axis.name: axis.words for axis in AXES.values()}
 KV_DTYPE_WORDS = {"default": "KV cache kept in the compute precision", "fp8_e4m3": "KV cache stored in FP8 E4M3",
                   "fp8_e5m2": "KV cache stored in FP8 E5M2", "int4": "KV cache stored in 4-bit integers",
                   "int8": "KV cache stored in 8-bit integers"}
@@ -203,9 +198,13 @@ def value_words(axis: str, value: Any, interventions: dict[str, Any] | None = No
     if axis == "cache":
         return f"KV cache {value}"
     if axis == "intervention":
-        spec = (interventions or {}).get(value, {})
-        if value == "none" or not spec:
-            return "no intervention" if value == "none" else f"intervention {value}"
+        from ..interventions import is_no_intervention
+
+        spec = (interventions or {}).get(value)
+        if not spec:
+            return f"intervention {value}"
+        if is_no_intervention(spec):
+            return "no intervention"
         kind = spec.get("kind")
         if kind == "fp32_head":
             gate = f"gated by margin < {spec.get('tau', 1e-3)}" if spec.get("gated", True) else "on every step"

@@ -133,8 +133,7 @@ def ear_heatmap(pairs: pd.DataFrame) -> str | None:
     if pairs.empty:
         return None
     prec = pairs[(pairs["axis"] == "precision") & (pairs["status"] == "done")]
-    if "intervention" in prec:
-        prec = prec[prec["intervention"].isin(["none"]) | prec["intervention"].isna()]
+    prec = prec[prec["no_intervention"].astype(bool)]
     if prec.empty:
         return None
     several = (prec["a"] + prec["b"]).nunique() > 1
@@ -159,7 +158,7 @@ def lift_heatmap(interventions: pd.DataFrame) -> str | None:
     shared settings, per batch size: the paper's head-only lift fades at large batches)."""
     if interventions.empty:
         return None
-    data = interventions[(interventions["status"] == "done") & (interventions["intervention"] != "none")]
+    data = interventions[(interventions["status"] == "done") & ~interventions["baseline"].astype(bool)]
     if data.empty:
         return None
     data = data.assign(column=data["intervention"] + " · bs " + data["batch_size"].map(_batch))

@@ -168,7 +168,7 @@ def precision_table(pairs: pd.DataFrame, steps: pd.DataFrame | None = None) -> l
     if prec.empty:
         return []
     prec = prec.assign(ear_low=1 - prec["divergence_ci_high"], ear_high=1 - prec["divergence_ci_low"])
-    prec = prec[prec["intervention"] == "none"]
+    prec = prec[prec["no_intervention"].astype(bool)]
     sigma = probe_sigma_z(steps if steps is not None else pd.DataFrame())
     nothing = {"sigma_z": float("nan"), "head_share": float("nan")}
     for column in nothing:
@@ -208,9 +208,9 @@ def cv_heuristic(cells: pd.DataFrame, interventions: pd.DataFrame) -> list[dict[
 
     if cells.empty or interventions.empty or "cv_margin" not in cells:
         return []
-    done = interventions[(interventions["status"] == "done") & (interventions["intervention"] != "none")
+    done = interventions[(interventions["status"] == "done") & ~interventions["baseline"].astype(bool)
                          & (interventions["batch_size"] == 1)]
-    base = cells[(cells["status"] == "done") & (cells["intervention"] == "none") & (cells["batch_size"] == 1)]
+    base = cells[(cells["status"] == "done") & cells["no_intervention"].astype(bool) & (cells["batch_size"] == 1)]
     out = []
     for name, group in done.groupby("intervention"):
         points = []

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .base import Engine
+from ..axes import Proof
+from .base import Decoded, Engine, grid_values
 
 # numpy, torch and llama_cpp are imported where they are used: config validation (in the
 # Snakefile) reads this module and must not pay for them.
@@ -34,12 +35,16 @@ KV_CACHE_TYPES = {"fp32": "F32", "fp16": "F16"}
 
 class LlamaCppEngine(Engine):
     name = LLAMA_CPP
-    free_axes = ("precision", "cache", "decoding", "threads", "repeat", "engine")
+    honours = ("precision", "cache", "decoding", "threads", "device", "repeat", "engine")
+    # llama.cpp's own record of what it ran: its KV cache type (from the precision), its
+    # threads, and where it computes (no layer offloaded: the CPU).
+    proofs = {"precision": Proof("engine.kv_cache_type", lambda job, rec: KV_CACHE_TYPES[job.cell.precision]),
+              "threads": Proof("engine.n_threads", lambda job, rec: job.threads),
+              "device": Proof("engine.device", lambda job, rec: None if job.device == "auto" else job.device)}
     why = {
         "batch_size": "llama-cpp-python evaluates one sequence at a time (no left-padded batches)",
         "intervention": "interventions patch a transformers model's modules",
         "attention": "llama.cpp has its own attention kernels (not transformers' implementations)",
-        "device": "the llama-cpp-python build is a CPU build",
         "deterministic": "torch's deterministic algorithms do not reach llama.cpp",
         "prefill_chunk": "cache forms are transformers' cache classes",
         "prefix_cache": "cache forms are transformers' cache classes",
@@ -52,7 +57,8 @@ class LlamaCppEngine(Engine):
     }
     # Another engine reads the same model's GGUF (its weights recorded as such); its KV
     # cache type follows the precision, and its threads are its own.
-    axis_provenance = {"precision": ("engine.kv_cache_type",), "threads": ("engine.n_threads",)}
+    axis_provenance = {"precision": ("engine.kv_cache_type",), "threads": ("engine.n_threads",),
+                       "cache": ("engine.use_cache",)}
 
     def unavailable(self) -> str | None:
         try:
@@ -68,16 +74,20 @@ class LlamaCppEngine(Engine):
             if source != "gguf-package":
                 yield (f"{where}: engine 'llama.cpp' with model {name!r}: no GGUF is available for source "
                        f"{source!r} (llama.cpp runs a model's GGUF file: source gguf-package)")
+        for device in grid_values(grid, "device", defaults):
+            if device == "cuda":
+                yield (f"{where}: engine 'llama.cpp' with device 'cuda': the llama-cpp-python build is a CPU "
+                       f"build")
         for precision in grid["precision"]:
             if precision not in KV_CACHE_TYPES:
                 yield (f"{where}: engine 'llama.cpp' with precision {precision!r}: llama-cpp-python offers KV "
                        f"cache types for {sorted(KV_CACHE_TYPES)} only")
 
     def job_device(self, cell, configured: str) -> str:
-        return "cpu"  # the llama-cpp-python build is a CPU build
+        return "cpu"  # the llama-cpp-python build is a CPU build (a cell asking for cuda is refused)
 
-    def run(self, job, bench, model_dir, out_path, progress: bool) -> dict[str, Any]:
-        return run_llama_cpp(job, bench, model_dir, out_path, progress)
+    def decode(self, job, bench, model_dir, progress: bool) -> Decoded:
+        return decode_llama_cpp(job, bench, model_dir, progress)
 
 
 def gguf_path(spec: dict[str, Any]) -> Path:
@@ -123,6 +133,7 @@ class LlamaCpp:
                 "system_info": info.decode() if isinstance(info, bytes) else str(info),
                 "build_sha256": build_digest(),
                 "n_ctx": int(self.llm.n_ctx()), "n_batch": int(self.llm.n_batch), "n_threads": self.threads,
+                "n_gpu_layers": 0, "device": "cpu",
                 "kv_cache_type": KV_CACHE_TYPES[self.precision], "flash_attn": False, "activations": "fp32",
                 "file_type": self.llm.metadata.get("general.file_type")}
 
@@ -172,14 +183,14 @@ class LlamaCpp:
         return BatchResult([gen], time.perf_counter() - start, steps)
 
 
-def run_llama_cpp(job, bench, model_dir, out_path, progress: bool) -> dict[str, Any]:
+def decode_llama_cpp(job, bench, model_dir, progress: bool) -> Decoded:
     """The cell through llama.cpp, on the GGUF file the model was prepared from (its digest
     checked against the one recorded at preparation)."""
     import torch
     from transformers import GenerationConfig
 
-    from .. import provenance, runtime
-    from ..cell_output import generate_records, model_record, write_cell
+    from .. import runtime
+    from ..cell_output import generate_records, model_record
     from ..decode import BatchResult, generated_only
     from ..models import ModelError, load_tokenizer, read_manifest, sha256_file
 
@@ -198,18 +209,20 @@ def run_llama_cpp(job, bench, model_dir, out_path, progress: bool) -> dict[str, 
         raise ModelError(f"{path}: llama.cpp reads {engine.n_vocab} tokens, the prepared tokenizer {len(tokenizer)}; "
                          f"their ids would not be the same tokens")
 
+    use_cache = job.cell.cache == "on"
+
     def decode_batch(ids, mask, select, stop) -> BatchResult:
-        return engine.decode(ids[0].tolist(), max_new_tokens=job.max_new_tokens, use_cache=job.cell.cache == "on",
+        return engine.decode(ids[0].tolist(), max_new_tokens=job.max_new_tokens, use_cache=use_cache,
                              eos_token_ids=eos, record_top_k=job.record_top_k, select=select,
                              stop=generated_only(stop, ids.shape[1]))
 
-    rows = generate_records(job, tokenizer, bench, decode_batch, pad, progress)
+    observed: dict[str, Any] = {}
+    rows = generate_records(job, tokenizer, bench, decode_batch, pad, progress, observed=observed)
     described = engine.describe()
-    provenance_of_engine = {
+    record = {
         "model": {**model_record(manifest),
                   "weights": {"gguf": path.name, "gguf_sha256": digest, "file_type": described["file_type"]}},
-        "environment": provenance.environment(torch.device("cpu")),
         "cache_form": {"impl": "llama.cpp"},  # llama.cpp's own KV cache (its type: engine.kv_cache_type)
-        "engine": described,
+        "engine": {**described, "use_cache": use_cache},
     }
-    return write_cell(job, bench, rows, eos, pad, provenance_of_engine, out_path)
+    return Decoded(rows, eos, pad, torch.device("cpu"), record, observed=observed)

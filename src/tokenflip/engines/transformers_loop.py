@@ -6,16 +6,30 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..jobs import CACHE_FORM_AXES
-from .base import Engine
+from ..axes import Proof
+from ..caches import CACHE_FORM_AXES
+from .base import Decoded, Engine
 
 TRANSFORMERS = "transformers"
+
+
+def _loaded_dtype(job, record) -> str:
+    from ..interventions import weights_precision
+    from ..models import DTYPE_NAMES, PRECISIONS
+
+    return DTYPE_NAMES[PRECISIONS[weights_precision(job.intervention, job.cell.precision)]]
 
 
 class Transformers(Engine):
     name = TRANSFORMERS
     # Every axis but those of serving engines' schedulers.
-    free_axes = tuple(a for a in Engine.free_axes if a not in ("concurrency", "batch_invariant", "tensor_parallel"))
+    honours = ("precision", "cache", "batch_size", "decoding", "intervention", "attention", "threads", "device",
+               "deterministic", "repeat", "prefill_chunk", "prefix_cache", "kv_dtype", "cache_impl", "compile",
+               "engine")
+    # The dtype the loaded model computes in (fp32 for the interventions that load fp32 weights).
+    proofs = {"precision": Proof("engine.dtype", _loaded_dtype)}
+    axis_provenance = {"precision": ("engine.dtype",), "intervention": ("engine.dtype", "engine.intervention"),
+                       "cache": ("engine.use_cache",)}
     why = {
         "concurrency": "requests in flight are a serving engine's scheduler setting; tokenflip's decode loop runs "
                        "fixed batches (use batch_size)",
@@ -26,44 +40,51 @@ class Transformers(Engine):
     def grid_problems(self, config, grid, where, defaults) -> Iterator[str]:
         yield from cache_form_problems(config, grid, where, defaults)
 
-    def run(self, job, bench, model_dir, out_path, progress: bool) -> dict[str, Any]:
-        from .. import provenance, runtime
+    def decode(self, job, bench, model_dir, progress: bool) -> Decoded:
+        from .. import runtime
         from ..caches import CacheForm
-        from ..cell_output import generate_records, model_record, write_cell
+        from ..cell_output import generate_records, model_record
         from ..interventions import apply_to_model, weights_precision
-        from ..models import load_prepared, weights_record
+        from ..models import DTYPE_NAMES, load_prepared, weights_record
 
         cell = job.cell
         model, tokenizer, manifest = load_prepared(model_dir, weights_precision(job.intervention, cell.precision),
                                                    job.device, cell.attention)
+        # What the model computes in, read from the model itself before an intervention
+        # rewires it (global_fp32 widens a 16-bit model on purpose).
+        dtype = DTYPE_NAMES.get(model.dtype, str(model.dtype))
+        attention = model.config._attn_implementation
         model = apply_to_model(model, job.intervention,
                                lambda precision: load_prepared(model_dir, precision, job.device, cell.attention)[0])
         form = CacheForm.of(cell)
         prefix = shared_prompt_prefix(form, model, tokenizer, bench)
         eos, pad = runtime.special_ids(model, tokenizer)
-        rows = generate_records(job, tokenizer, bench, decoder(job, model, eos, pad, form, prefix), pad,
-                                progress, model.device)
-        provenance_of_engine = {
+        use_cache = cell.cache == "on"
+        observed: dict[str, Any] = {}
+        rows = generate_records(job, tokenizer, bench, decoder(job, model, eos, pad, form, prefix, use_cache), pad,
+                                progress, model.device, observed)
+        record = {
             "model": {**model_record(manifest),
                       "weights": weights_record(manifest, weights_precision(job.intervention, cell.precision))},
-            "environment": provenance.environment(model.device),
             "cache_form": {**form.describe(model.config.get_text_config(decoder=True)),
                            "prefix_tokens": len(prefix.ids) if prefix else 0},
-            "engine": {"name": TRANSFORMERS},
+            "engine": {"name": TRANSFORMERS, "dtype": dtype, "attn_implementation": attention,
+                       "use_cache": use_cache, "intervention": job.intervention.get("kind", "none")},
         }
-        return write_cell(job, bench, rows, eos, pad, provenance_of_engine, out_path)
+        return Decoded(rows, eos, pad, model.device, record, observed=observed)
 
 
-def decoder(job, model, eos: list[int], pad: int, form=None, prefix=None):
+def decoder(job, model, eos: list[int], pad: int, form=None, prefix=None, use_cache: bool | None = None):
     """tokenflip's decode loop over the transformers model, with the cell's cache form (and,
     with a prefix cache, every prompt from the shared prefix)."""
     from ..caches import CacheForm
     from ..decode import BatchResult, decode
 
     form = form or CacheForm()
+    use_cache = job.cell.cache == "on" if use_cache is None else use_cache
 
     def decode_batch(ids, mask, select, stop) -> BatchResult:
-        return decode(model, ids, mask, max_new_tokens=job.max_new_tokens, use_cache=job.cell.cache == "on",
+        return decode(model, ids, mask, max_new_tokens=job.max_new_tokens, use_cache=use_cache,
                       eos_token_ids=eos, pad_token_id=pad, record_top_k=job.record_top_k, select=select,
                       stop=stop, form=form, prefix=prefix)
 
