@@ -310,7 +310,8 @@ def test_a_study_compares_and_reports_every_cache_form(tmp_path):
     cells = run / "cells" / "tiny" / "steps"
     forms = {path.stem: storage.read_table(path)[1]["cache_form"] for path in cells.glob("*.parquet")}
     assert forms["fp32-on-bs1-greedy-none"] == {"impl": "dynamic", "kv_dtype": "default", "prefill_chunk": None,
-                                                "prefix_cache": False, "compile": None, "prefix_tokens": 0}
+                                                "prefix_cache": False, "compiled": False, "compile": None,
+                                                "prefix_tokens": 0}
     assert forms["fp32-on-bs1-greedy-none-prefill_chunk=4"]["prefill_chunk"] == 4
     # The one-shot exemplar (and the chat template's system turn) is what every prompt shares.
     assert forms["fp32-on-bs1-greedy-none-prefix_cache=on"]["prefix_tokens"] > 20

@@ -7,12 +7,12 @@ import copy
 import functools
 import importlib.resources
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import jsonschema
 import yaml
 
-from . import bounds, engines
+from . import bounds, engines, plan_checks
 from .axes import AXES, GRID_DEFAULTS, ON_OFF_AXES, REQUIRED_AXES, axis_value, grid_schema
 from .registry import kinds_schema
 from .literals import literal_problems
@@ -274,28 +274,6 @@ def _undefined_names(config: dict[str, Any]):
                     yield f"grids.{i}.{key}: {name!r} is not defined under '{key}' (defined: {sorted(config[key])})"
 
 
-def _size_problems(config: dict[str, Any]) -> Iterator[str]:
-    """A study larger than `limits` allows, counted without listing a cell: per grid, its
-    models x benchmarks x the values of every axis (an upper bound where grids overlap)."""
-    limits = config["limits"]
-    cells = prompts = 0
-    for grid in config["grids"]:
-        per_benchmark = 1
-        for axis in AXES:
-            per_benchmark *= len(grid.get(axis, [None]))
-        models = len(grid.get("models", config["models"]))
-        for bench in grid.get("benchmarks", list(config["benchmarks"])):
-            cells += models * per_benchmark
-            spec = config["benchmarks"].get(bench)
-            prompts += models * per_benchmark * (spec.get("n") or 0 if isinstance(spec, dict) else 0)
-    if cells > limits["max_cells"]:
-        yield (f"grids: {cells:,} cells, more than limits.max_cells {limits['max_cells']:,} (raise limits.max_cells "
-               f"in the config for a study this large, or split it into several runs)")
-    if prompts > limits["max_prompts"]:
-        yield (f"benchmarks: {prompts:,} prompts to generate over the cells, more than limits.max_prompts "
-               f"{limits['max_prompts']:,} (lower the benchmarks' n, or raise limits.max_prompts)")
-
-
 def _semantic_problems(config: dict[str, Any]):
     """Cross-references the schema cannot express."""
     from .interventions import spec_problems
@@ -303,7 +281,7 @@ def _semantic_problems(config: dict[str, Any]):
 
     undefined = list(_undefined_names(config))
     yield from undefined
-    too_large = list(_size_problems(config))
+    too_large = list(plan_checks.size_problems(config))
     if too_large:  # no cell is listed: listing them is what would not end
         yield from too_large
         return
@@ -336,7 +314,7 @@ def _semantic_problems(config: dict[str, Any]):
     if not undefined:
         yield from engines.config_problems(config, GRID_DEFAULTS)
         yield from _probe_form_problems(config)
-        yield from _probe_engine_problems(config)
+        yield from plan_checks.probe_engine_problems(config)
         yield from bounds.model_problems(config)
     if not undefined:
         cells = expand_cells(config)
@@ -346,57 +324,7 @@ def _semantic_problems(config: dict[str, Any]):
                 yield (f"comparisons.{i}: {comp['axis']} {comp['a']!r} vs {comp['b']!r} forms no pair: no two "
                        f"cells differ only in {comp['axis']!r} (put both values in one grid, with the same "
                        f"other axis values)")
-        yield from _same_setting_problems(config, cells)
-
-
-def _same_setting_problems(config: dict[str, Any], cells) -> Iterator[str]:
-    """A comparison whose `default` resolves to the same setting as its other value in the
-    engine that runs them (vLLM's own number of requests in flight is 256, so `default` vs
-    256 compares a configuration with itself; threads `default` vs 1 where the run's threads
-    are 1): the engine's proof of the axis says what each side would run, and a pair whose
-    sides would run the same is refused, naming both values and that setting."""
-    from .plan import cell_job, pairs_of_comparison
-
-    for i, comp in enumerate(config["comparisons"]):
-        axis = comp["axis"]
-        if AXES[axis].unprovable or "default" not in (str(comp["a"]), str(comp["b"])):
-            # A repeat runs one setting on purpose; two named values that another axis makes
-            # the same (bf16 vs fp16 under the fp32 oracle) are a control, not a mistake.
-            continue
-        seen = set()
-        for pair in pairs_of_comparison(comp, cells):
-            engine = engines.engine(pair.a.engine)
-            proof = engine.proof(axis) if axis in engine.honours else None
-            if proof is None or engine.name in seen:
-                continue
-            jobs = [cell_job(config, cell) for cell in (pair.a, pair.b)]
-            if {**jobs[0].to_json(), "cell": None} != {**jobs[1].to_json(), "cell": None}:
-                continue  # the jobs differ beyond the cell's name (two decoding entries, say)
-            try:
-                sides = [proof.expect(job, {}) for job in jobs]
-            except (KeyError, TypeError):
-                continue  # a proof that needs what only the run shows (the prompts a batch held)
-            if sides[0] is not None and sides[0] == sides[1]:
-                seen.add(engine.name)
-                yield (f"comparisons.{i}: {axis} {comp['a']!r} vs {comp['b']!r} compares one setting with itself in "
-                       f"engine {engine.name!r}: both run with {proof.field.rsplit('.', 1)[-1]}={sides[0]!r} "
-                       f"(compare values that differ, or use `repeat` to rerun one setting)")
-
-
-def _probe_engine_problems(config: dict[str, Any]) -> Iterator[str]:
-    """A probe over a model and benchmark whose cells all run in another engine: probes
-    replay the transformers model, so it would trace something the study does not run."""
-    from .plan import expand_cells, probe_targets
-
-    engines_of: dict[tuple[str, str], set[str]] = {}
-    for cell in expand_cells(config):
-        engines_of.setdefault((cell.model, cell.benchmark), set()).add(cell.engine)
-    for probe, model, benchmark in probe_targets(config):
-        found = engines_of.get((model, benchmark), set())
-        if found and engines.TRANSFORMERS not in found:
-            yield (f"probes.{probe}: model {model!r} on benchmark {benchmark!r} has only {' and '.join(sorted(found))} "
-                   f"cells; probes replay the transformers model (add transformers cells, or name other benchmarks "
-                   f"under probes.{probe}.benchmarks)")
+        yield from plan_checks.same_setting_problems(config, cells)
 
 
 def _probe_form_problems(config: dict[str, Any]):

@@ -58,5 +58,8 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
 
 
 def axis_provenance(axis: str) -> tuple[str, ...]:
-    """Provenance fields any engine's value of `axis` legitimately changes."""
-    return tuple(field for eng in REGISTRY.values() for field in eng.axis_provenance.get(axis, ()))
+    """Provenance fields any engine's value of `axis` legitimately changes: those it declares,
+    and the record that proves the axis ran (it holds the axis's own value)."""
+    declared = (field for eng in REGISTRY.values() for field in eng.axis_provenance.get(axis, ()))
+    proofs = (eng.proof(axis).field for eng in REGISTRY.values() if axis in eng.honours and eng.proof(axis))
+    return tuple(dict.fromkeys((*declared, *proofs)))
