@@ -41,9 +41,10 @@ def pairs_of_comparison(comparison: dict[str, Any], cells: Iterable[Cell]) -> li
     the comparison's `models` and `benchmarks` only, where it names them)."""
     axis = comparison["axis"]
     a_val, b_val = axis_value(axis, comparison["a"]), axis_value(axis, comparison["b"])
+    cells = list(cells)
     cell_set = set(cells)
     pairs = []
-    for cell in sorted(cell_set):
+    for cell in cells:  # in the caller's order (expand_cells: sorted); expand_pairs sorts the pairs
         if any(key in comparison and value not in comparison[key]
                for key, value in (("models", cell.model), ("benchmarks", cell.benchmark))):
             continue
