@@ -157,7 +157,9 @@ AXES_LIST: tuple[Axis, ...] = (
          default="transformers",
          # Another engine reads the same model's GGUF (its weights recorded as such), caches in
          # its own way, records its own version and build, and runs where it can.
-         provenance=("engine", "model.weights", "cache_form", "environment.device"),
+         # Engines compute where their builds run (settings.device: llama.cpp on the CPU beside a
+         # transformers cell on a GPU) and batch as they do (vLLM takes every prompt at once).
+         provenance=("engine", "model.weights", "cache_form", "environment.device", "settings.device", "observed"),
          proof=Proof("engine.name", lambda job, rec: job.cell.engine), example="llama.cpp"),
     Axis("concurrency", _int_or_default(65536), "requests in flight",
          description="a serving engine's requests in flight (vLLM: max_num_seqs, every prompt submitted "

@@ -64,8 +64,10 @@ def check_ran_as_named(job: CellJob, record: dict[str, Any], engine) -> None:
         found = flat.get(proof.field, _missing)
         if found is _missing or not _same(found, expected):
             shown = "nothing" if found is _missing else repr(found)
+            value = job.cell.value(name)
+            source = f"{name}={value!r}" + (", as the run's settings resolve it" if value == "default" else "")
             raise CellMismatch(f"cell {job.cell.id}: axis {name!r} asks for {expected!r} "
-                               f"({name}={job.cell.value(name)!r}), but engine {engine.name!r} recorded {shown} "
+                               f"({source}), but engine {engine.name!r} recorded {shown} "
                                f"at {proof.field}; the cell would not be what its name says")
 
 

@@ -63,7 +63,8 @@ def same_setting_problems(config: dict[str, Any], cells) -> Iterator[str]:
                 seen.add(engine.name)
                 yield (f"comparisons.{i}: {axis} {comp['a']!r} vs {comp['b']!r} compares one setting with itself in "
                        f"engine {engine.name!r}: both run with {proof.field.rsplit('.', 1)[-1]}={sides[0]!r} "
-                       f"(compare values that differ, or use `repeat` to rerun one setting)")
+                       f"(compare values that differ, put the {engine.name} cells in a grid of their own, or use "
+                       f"`repeat` to rerun one setting)")
 
 
 def probe_engine_problems(config: dict[str, Any]) -> Iterator[str]:

@@ -132,7 +132,9 @@ class LlamaCpp:
         return {"name": LLAMA_CPP, "package": {LLAMA_CPP_PACKAGE: importlib.metadata.version(LLAMA_CPP_PACKAGE)},
                 "system_info": info.decode() if isinstance(info, bytes) else str(info),
                 "build_sha256": build_digest(),
-                "n_ctx": int(self.llm.n_ctx()), "n_batch": int(self.llm.n_batch), "n_threads": self.threads,
+                # read back from llama.cpp's context, not the value handed to it
+                "n_ctx": int(self.llm.n_ctx()), "n_batch": int(self.llm.n_batch),
+                "n_threads": int(self._lib.llama_n_threads(self.llm.ctx)),
                 "n_gpu_layers": 0, "device": "cpu",
                 "kv_cache_type": KV_CACHE_TYPES[self.precision], "flash_attn": False, "activations": "fp32",
                 "file_type": self.llm.metadata.get("general.file_type")}

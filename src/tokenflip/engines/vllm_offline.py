@@ -39,7 +39,7 @@ from typing import Any, Iterator
 from ..axes import Proof
 from . import worker
 from .base import Decoded, Engine, grid_values
-from .vllm_support import VllmError, check_resolved, cuda_devices, head_size_problem
+from .vllm_support import VllmError, check_resolved, cuda_devices, generations, head_size_problem
 
 VLLM = "vllm"
 PYTHON_VARIABLE = "TOKENFLIP_VLLM_PYTHON"
@@ -53,8 +53,15 @@ KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 ENV_KEYS = ("VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
             "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ATTENTION_BACKEND", "VLLM_ENABLE_V1_MULTIPROCESSING",
             "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-# vLLM's max_num_seqs when none is given (the offline LLM class, CPU and CUDA builds alike).
+# vLLM's max_num_seqs when none is given: the offline LLM class on a CPU build holds 256 per
+# tensor-parallel rank (vllm.engine.arg_utils, 0.32.0); on CUDA it depends on the GPU's memory
+# (1024 on an H100 or H200), so there it is not known before the engine starts.
 DEFAULT_MAX_NUM_SEQS = 256
+
+
+def default_max_num_seqs(device: str, tensor_parallel: int) -> int | None:
+    """The requests in flight vLLM holds when the cell names none (None: not known here)."""
+    return DEFAULT_MAX_NUM_SEQS * tensor_parallel if device == "cpu" else None
 # The KV cache vLLM reserves on a CPU (GiB) unless the user's environment says otherwise.
 CPU_KVCACHE_GIB = "1"
 
@@ -126,7 +133,8 @@ class Vllm(Engine):
     proofs = {
         "precision": _args("dtype", lambda job, rec: DTYPES[job.cell.precision]),
         "decoding": Proof("engine.sampling.temperature", lambda job, rec: sampling_of(job.decoding)["temperature"]),
-        "threads": Proof("engine.n_threads", lambda job, rec: job.threads),
+        # threads are the cores a CPU build binds; a CUDA build's threads are not the computation's
+        "threads": Proof("engine.n_threads", lambda job, rec: job.threads if job.device == "cpu" else None),
         "device": Proof("engine.platform.device_type", lambda job, rec: None if job.device == "auto" else job.device),
         "prefill_chunk": _args("max_num_batched_tokens",
                                lambda job, rec: None if job.cell.prefill_chunk == "default"
@@ -135,8 +143,8 @@ class Vllm(Engine):
         "kv_dtype": _args("kv_cache_dtype", lambda job, rec: None if job.cell.kv_dtype == "default"
                           else job.cell.kv_dtype),
         "compile": _args("enforce_eager", lambda job, rec: job.cell.compile != "on"),
-        "concurrency": _args("max_num_seqs", lambda job, rec: DEFAULT_MAX_NUM_SEQS if job.cell.concurrency == "default"
-                             else int(job.cell.concurrency)),
+        "concurrency": _args("max_num_seqs", lambda job, rec: default_max_num_seqs(
+            job.device, int(job.cell.tensor_parallel)) if job.cell.concurrency == "default" else int(job.cell.concurrency)),
         "batch_invariant": Proof("engine.env.VLLM_BATCH_INVARIANT",
                                  lambda job, rec: "1" if job.cell.batch_invariant == "on" else "0"),
         "tensor_parallel": _args("tensor_parallel_size", lambda job, rec: int(job.cell.tensor_parallel)),
@@ -180,7 +188,13 @@ class Vllm(Engine):
             if device and dev in ("cpu", "cuda") and dev != device:
                 yield (f"{where}: engine 'vllm' with device {dev!r}: the installed vLLM build "
                        f"({', '.join(f'{k} {v}' for k, v in info.items() if 'vllm' in k)}) runs on {device}")
+        threads = [int(t) for t in values("threads") if t != "default"]
         if device == "cpu":
+            cores = len(os.sched_getaffinity(0))
+            for t in threads:
+                if t > cores:
+                    yield (f"{where}: engine 'vllm' with threads {t}: vLLM's CPU build binds one thread to each core, "
+                           f"and this machine gives the job {cores}")
             if "on" in values("batch_invariant"):
                 yield (f"{where}: engine 'vllm' with batch_invariant 'on': vLLM's batch-invariant mode "
                        f"(VLLM_BATCH_INVARIANT) has kernels for CUDA only, and this vLLM is a CPU build")
@@ -189,6 +203,9 @@ class Vllm(Engine):
                     yield (f"{where}: engine 'vllm' with tensor_parallel {tp}: a CPU build runs one model "
                            f"replica over this machine's cores (tensor parallelism splits a model over devices)")
         elif device == "cuda":
+            if threads:
+                yield (f"{where}: engine 'vllm' with threads {threads[0]}: threads are the cores vLLM's CPU build "
+                       f"computes on; this vLLM is a CUDA build")
             have = cuda_devices()
             for tp in values("tensor_parallel"):
                 if have is not None and int(tp) > have:
@@ -310,28 +327,6 @@ def call_worker(req: dict[str, Any], env: dict[str, str], scratch: Path) -> dict
         return worker.call(interpreter, WORKER, req, env, scratch, "engine 'vllm'")
     except worker.WorkerError as exc:
         raise VllmError(str(exc)) from None
-
-
-def generations(response: dict[str, Any], k: int):
-    """The worker's rows as the decode loop's `Generation`s: ids, top-k ids and raw logits,
-    the top-1/top-2 margin; the full-vocabulary statistics vLLM does not return are NaN."""
-    import numpy as np
-
-    from ..decode import Generation
-
-    out = []
-    for row in response["outputs"]:
-        ids = np.asarray(row["top_ids"], dtype=np.int32).reshape(-1, k)
-        logits = np.asarray(row["top_logits"], dtype=np.float32).reshape(-1, k)
-        if len(ids) != len(row["token_ids"]):
-            raise VllmError(f"engine 'vllm': {len(ids)} steps of logprobs for {len(row['token_ids'])} tokens")
-        steps = len(ids)
-        margin = (logits[:, 0] - logits[:, 1]).tolist()  # record_top_k is at least 2 (the schema)
-        out.append(Generation(token_ids=[int(t) for t in row["token_ids"]], top_ids=list(ids),
-                              top_logits=list(logits), margin=[float(m) for m in margin],
-                              logsumexp=[float("nan")] * steps, entropy=[float("nan")] * steps,
-                              intervened=[False] * steps, finish_reason=row["finish_reason"]))
-    return out
 
 
 def prefix_cache_record(cell, prompts: list[list[int]], response: dict[str, Any]) -> dict[str, Any]:

@@ -55,3 +55,25 @@ def cuda_devices() -> int | None:
         return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
     found = [p for p in Path("/dev").glob("nvidia[0-9]*")]
     return len(found) if found else None
+
+
+def generations(response: dict[str, Any], k: int):
+    """The worker's rows as the decode loop's `Generation`s: ids, top-k ids and raw logits,
+    the top-1/top-2 margin; the full-vocabulary statistics vLLM does not return are NaN."""
+    import numpy as np
+
+    from ..decode import Generation
+
+    out = []
+    for row in response["outputs"]:
+        ids = np.asarray(row["top_ids"], dtype=np.int32).reshape(-1, k)
+        logits = np.asarray(row["top_logits"], dtype=np.float32).reshape(-1, k)
+        if len(ids) != len(row["token_ids"]):
+            raise VllmError(f"engine 'vllm': {len(ids)} steps of logprobs for {len(row['token_ids'])} tokens")
+        steps = len(ids)
+        margin = (logits[:, 0] - logits[:, 1]).tolist()  # record_top_k is at least 2 (the schema)
+        out.append(Generation(token_ids=[int(t) for t in row["token_ids"]], top_ids=list(ids),
+                              top_logits=list(logits), margin=[float(m) for m in margin],
+                              logsumexp=[float("nan")] * steps, entropy=[float("nan")] * steps,
+                              intervened=[False] * steps, finish_reason=row["finish_reason"]))
+    return out
