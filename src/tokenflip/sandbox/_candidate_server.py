@@ -26,6 +26,11 @@ def limit(limits):
         (resource.RLIMIT_FSIZE, limits["file_size_bytes"], limits["file_size_bytes"]),
         (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
         (resource.RLIMIT_CORE, 0, 0),
+        # Queued signals are kernel objects (about 90 bytes each; the host's default allows some
+        # 96,000); locked memory and POSIX queues are refused anyway, and 0 says so twice.
+        (resource.RLIMIT_SIGPENDING, limits["pending_signals"], limits["pending_signals"]),
+        (resource.RLIMIT_MEMLOCK, 0, 0),
+        (resource.RLIMIT_MSGQUEUE, 0, 0),
     ]
     if limits.get("nproc") is not None:
         pairs.append((resource.RLIMIT_NPROC, limits["nproc"], limits["nproc"]))

@@ -1,8 +1,13 @@
 """The operating-system boundary around executed code: a bubblewrap (`bwrap`) sandbox per process
-that sees only the interpreter and its standard library, read-only; a private size-limited
-tmpfs as its working directory; no network, IPC or other processes (fresh namespaces, and no
-/proc at all); no capabilities and an unprivileged uid inside; the seccomp filter of `seccomp`
+that sees only the interpreter and its standard library, read-only; a private tmpfs bounded in
+bytes and in inodes as its working directory; no network, IPC or other processes (fresh
+namespaces, and no /proc at all); an unprivileged uid inside; the seccomp filter of `seccomp`
 (one task, nothing held outside the resource limits, no sockets); and death with its parent.
+
+bubblewrap cannot bound a tmpfs's inodes, so each process starts in `_confine`, the start
+stage: bubblewrap leaves it CAP_SYS_ADMIN and CAP_SETPCAP (inside the sandbox's own user
+namespace only), with which it mounts the scratch, then drops every capability and loads the
+complete seccomp filter before the helper it was given runs.
 
 Run as root, bwrap maps the sandbox's uid to root's outside its user namespace; without
 capabilities that uid can only use what the sandbox shows it, which is why no /proc (whose
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 import shutil
 import site
@@ -21,11 +27,12 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["find_bwrap", "bwrap_version", "python_view", "bwrap_command",
+__all__ = ["find_bwrap", "bwrap_version", "python_view", "bwrap_command", "confine_args",
            "HELPERS", "HELPER_DIR", "WORKDIR", "SANDBOX_UID"]
 
 HERE = Path(__file__).resolve().parent
-HELPERS = ("_wire.py", "_candidate_server.py", "_test_runner.py", "_sandbox_guard.py")
+HELPERS = ("_confine.py", "_wire.py", "_candidate_server.py", "_test_runner.py",
+           "_sandbox_guard.py")
 HELPER_DIR = "/opt/tokenflip-sandbox"
 WORKDIR = "/sandbox"
 SANDBOX_UID = 65534
@@ -96,14 +103,16 @@ def python_view(python: str = sys.executable) -> PythonView:
     return PythonView(executable, tuple(sorted(binds)), tuple(hidden), tuple(symlinks))
 
 
-def bwrap_command(bwrap: str, view: PythonView, *, workdir_bytes: int, seccomp_fd: int | None,
-                  env: dict[str, str]) -> list[str]:
-    """The bwrap arguments (up to, not including, the command) for one sandboxed process."""
+def bwrap_command(bwrap: str, view: PythonView, *, seccomp_fd: int | None, env: dict[str, str]) -> list[str]:
+    """The bwrap arguments (up to, not including, the command) for one sandboxed process, whose
+    command must start with `confine_args` (the start stage mounts the scratch and drops the
+    two capabilities kept for it)."""
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
            "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session",
            "--clearenv"]
     if os.geteuid() == 0:
         cmd += ["--cap-drop", "ALL"]
+    cmd += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     for path in view.binds:
@@ -117,8 +126,17 @@ def bwrap_command(bwrap: str, view: PythonView, *, workdir_bytes: int, seccomp_f
     for device in _DEVICES:
         if os.path.exists(device):
             cmd += ["--dev-bind", device, device]
-    cmd += ["--perms", "0700", "--size", str(workdir_bytes), "--tmpfs", WORKDIR,
-            "--chdir", WORKDIR, "--remount-ro", "/"]
+    cmd += ["--perms", "0700", "--dir", WORKDIR, "--chdir", WORKDIR, "--remount-ro", "/"]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
     return cmd
+
+
+def confine_args(view: PythonView, *, workdir_bytes: int, workdir_inodes: int,
+                 seccomp: bytes | None) -> list[str]:
+    """The start of a sandboxed process's command: the interpreter running the start stage,
+    which then runs the arguments that follow (a helper script and its arguments, or -c CODE).
+    `seccomp` is the complete filter the start stage loads last (None: none)."""
+    spec = {"workdir": WORKDIR, "workdir_bytes": workdir_bytes, "workdir_inodes": workdir_inodes,
+            "seccomp": None if seccomp is None else seccomp.hex()}
+    return [view.executable, "-I", "-B", f"{HELPER_DIR}/_confine.py", json.dumps(spec)]

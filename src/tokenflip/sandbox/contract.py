@@ -11,7 +11,8 @@ GUARANTEES = {
     "verdict": "the verdict is decided by a separate trusted test process; only plain data crosses from the "
                "candidate, so forged success markers and always-equal objects cannot pass",
     "filesystem": "the candidate sees only the interpreter and its standard library, read-only (no tests, "
-                  "no site-packages, no repository, no home), and a private size-limited tmpfs",
+                  "no site-packages, no repository, no home), and a private tmpfs bounded in bytes and in "
+                  "inodes (files, directories, links and symlinks all count)",
     "isolation": "fresh user, PID, network, IPC and UTS namespaces: no network, no foreign sockets or "
                  "processes, a private IPC namespace (SysV objects and POSIX queues of its own), an "
                  "unprivileged uid without capabilities",
@@ -21,7 +22,10 @@ GUARANTEES = {
     "memory": "memory limits hold for the whole sample: no kernel object that holds memory outside the "
               "address-space limit can be made (SysV shared memory, semaphores and message queues, POSIX "
               "message queues, memfd_create, memfd_secret, io_uring, Linux AIO, inotify, fanotify, keyrings, "
-              "bpf, perf events, userfaultfd, POSIX timers, pipes resized past their default); seccomp",
+              "bpf, perf events, userfaultfd, POSIX timers, Landlock rulesets, stacked seccomp filters, a "
+              "private futex hash, extended attributes and ACLs, byte-range file locks, pipes resized past "
+              "their default), and each kernel object it can make is bounded by a limit (docs/sandbox.md "
+              "lists every class); seccomp",
     "no sockets": "no socket can be made by any route (socket, socketpair, io_uring's socket operation), so "
                   "no file descriptors in flight past the open-files limit; seccomp",
     "no reach into processes": "no ptrace, process_vm_readv/writev, process_madvise or pidfd calls, and no "
@@ -30,22 +34,25 @@ GUARANTEES = {
 # The guarantees the seccomp filter (`seccomp.DENIED`) gives.
 SECCOMP_GUARANTEES = ("one task", "memory", "no sockets", "no reach into processes")
 # What the limits do not bound, recorded beside the guarantees in every cell's provenance.
-GAPS = ("the private tmpfs caps bytes but not the number of files (bubblewrap 0.11 mounts it with a size but "
-        "no nr_inodes option, and has no option that sets one): a sample can hold kernel memory in empty files "
-        "and directories until its wall-clock timeout",)
+GAPS = ("lookups of paths that do not exist leave negative dentries in the host's directory cache: "
+        "reclaimable (the kernel frees them under memory pressure) but not bounded by the sample's limits "
+        "(about 25 MiB a second of lookups)",)
 
 
 @dataclass(frozen=True)
 class Limits:
     """Per-sample limits. `timeout_s` is wall-clock for the whole sample (every call included);
-    memory, CPU and file size hold for each of its two processes."""
+    memory, CPU, file size, open files and queued signals hold for each of its two processes;
+    the scratch (`workdir_bytes`, `workdir_inodes`) is each process's own."""
 
     timeout_s: float = 20.0
     cpu_s: int = 20
     memory_bytes: int = 2 * 1024**3
     file_size_bytes: int = 16 * 1024**2
     workdir_bytes: int = 64 * 1024**2
+    workdir_inodes: int = 1024
     open_files: int = 128
+    pending_signals: int = 64
     nproc: int = 16
 
 
@@ -75,10 +82,10 @@ class Layers:
                  "python -I with a minimal environment", "resource limits", "wall-clock timeout"]
         if self.sandboxed:
             names.append(f"bubblewrap ({self.bwrap_version}): read-only interpreter and standard library only, "
-                         "private size-limited tmpfs, new user/PID/network/IPC/UTS namespaces, unprivileged uid, "
-                         "no capabilities, dies with the scorer")
+                         "private tmpfs bounded in bytes and inodes, new user/PID/network/IPC/UTS namespaces, "
+                         "unprivileged uid, no capabilities, dies with the scorer")
         if self.seccomp:
-            names.append("seccomp: no processes or threads, no kernel objects outside the memory limit, no sockets, "
+            names.append("seccomp: no processes or threads, no kernel objects outside the limits, no sockets, "
                          "no reach into other processes, no namespaces or mounts")
         if not self.sandboxed and self.guard:
             names.append("in-process guard (a convenience, not a boundary)")

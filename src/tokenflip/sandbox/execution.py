@@ -8,10 +8,10 @@ take part in a comparison, and nothing the candidate can read (its own memory, f
 holds the verdict, the tests or the expected values.
 
 Each process runs in a bubblewrap sandbox (see `bwrap`): a read-only view of the interpreter
-and its standard library only, a private size-limited tmpfs, fresh user, PID, network, IPC and
-UTS namespaces, no capabilities, an unprivileged uid, the seccomp filter of `seccomp` (one
-task, no kernel objects outside the memory limit, no sockets), hard resource limits, death with
-the scorer. Where the machine cannot provide that, `Layers.missing`
+and its standard library only, a private tmpfs bounded in bytes and inodes, fresh user, PID,
+network, IPC and UTS namespaces, no capabilities, an unprivileged uid, the seccomp filter of
+`seccomp` (one task, no kernel objects outside the limits, no sockets), hard resource limits,
+death with the scorer. Where the machine cannot provide that, `Layers.missing`
 says which guarantees are absent, and code benchmarks refuse to score unless told
 `unsafe_execution`.
 """
@@ -53,19 +53,24 @@ _TAIL_BYTES = 8192
 _STARTUP_SLACK_S = 5.0
 
 def _probe(layers: Layers, python: str) -> str | None:
-    """None if a sandboxed process starts here and cannot create processes or threads, else the
-    problem."""
-    program = ("import os, threading\ntry:\n    pid = os.fork()\nexcept OSError:\n    print('blocked')\nelse:\n"
+    """None if a sandboxed process starts here, has its bounded scratch as working directory and
+    cannot create processes or threads, else the problem."""
+    limits = Limits()
+    program = ("import os, threading\nprint(os.statvfs('.').f_files)\n"
+               "try:\n    pid = os.fork()\nexcept OSError:\n    print('blocked')\nelse:\n"
                "    if pid == 0:\n        os._exit(0)\n    print('forked')\n"
                "try:\n    threading.Thread(target=int).start()\nexcept RuntimeError:\n    print('blocked')\n")
     try:
-        with _Process(layers, python, ["-c", program], Limits(), {}) as proc:
+        with _Process(layers, python, ["-c", program], limits, {}) as proc:
             out, err = proc.popen.communicate(timeout=30)
     except (OSError, subprocess.SubprocessError) as e:
         return f"{type(e).__name__}: {e}"
     if proc.popen.returncode != 0:
         return (err or b"").decode("utf-8", "replace").strip()[-500:] or f"exit status {proc.popen.returncode}"
-    if layers.seccomp and out.split() != [b"blocked", b"blocked"]:
+    seen = out.split()
+    if seen[:1] != [str(limits.workdir_inodes).encode()]:
+        return f"the scratch is not bounded to {limits.workdir_inodes} inodes (statvfs says {seen[:1]})"
+    if layers.seccomp and seen[1:] != [b"blocked", b"blocked"]:
         return "the seccomp filter did not stop fork and threads"
     return None
 
@@ -101,12 +106,14 @@ class _Process:
             view = sandbox.python_view(python)
             if layers.seccomp:
                 seccomp_read, seccomp_write = os.pipe()
-                os.write(seccomp_write, seccomp_program())
+                os.write(seccomp_write, seccomp_program(start_stage=True))
                 os.close(seccomp_write)
-            cmd = sandbox.bwrap_command(layers.bwrap, view, workdir_bytes=limits.workdir_bytes,
-                                        seccomp_fd=seccomp_read, env={**env, "HOME": sandbox.WORKDIR,
-                                                                      "TMPDIR": sandbox.WORKDIR})
-            cmd += ["--info-fd", str(info_write), view.executable, "-I", "-B", *args]
+            cmd = sandbox.bwrap_command(layers.bwrap, view, seccomp_fd=seccomp_read,
+                                        env={**env, "HOME": sandbox.WORKDIR, "TMPDIR": sandbox.WORKDIR})
+            cmd += ["--info-fd", str(info_write)]
+            cmd += sandbox.confine_args(view, workdir_bytes=limits.workdir_bytes, workdir_inodes=limits.workdir_inodes,
+                                        seccomp=seccomp_program() if layers.seccomp else None)
+            cmd += args
             cwd, self.workdir = "/", None
         else:
             self.workdir = tempfile.mkdtemp(prefix="tokenflip-sandbox-")
@@ -257,7 +264,7 @@ class _Tail:
 def _limits_config(limits: Limits, layers: Layers) -> dict:
     nproc = None if layers.seccomp or os.geteuid() == 0 else limits.nproc
     return {"cpu_s": limits.cpu_s, "memory_bytes": limits.memory_bytes, "file_size_bytes": limits.file_size_bytes,
-            "open_files": limits.open_files, "nproc": nproc}
+            "open_files": limits.open_files, "pending_signals": limits.pending_signals, "nproc": nproc}
 
 
 def run_sample(candidate: str, tests: TestProgram, limits: Limits = Limits(), *, layers: Layers | None = None,
