@@ -1,7 +1,8 @@
 """One cell, end to end: the cell's engine (`engines`) decodes the benchmark's prompts; this
-runner then does, once for every engine, what no engine does itself: it records the
-environment, checks that the cell ran as its name says (every honoured axis against the
-record that proves it), and `cell_output` scores and writes the cell's Parquet file."""
+runner then does, once for every engine, what no engine does itself: it scores the
+completions, records the environment, checks that the cell ran as its name says (every
+honoured axis against the record that proves it) and writes the cell's Parquet file
+(`cell_output`)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class CellMismatch(RuntimeError):
 def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress: bool = True) -> dict[str, Any]:
     """Generate the cell `job` describes (see `plan.cell_job`) into `out_path`."""
     from . import provenance
-    from .cell_output import write_cell
+    from .cell_output import score_batches, write_cell
 
     if not isinstance(job, CellJob):
         job = CellJob.from_json(job)
@@ -31,10 +32,11 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
     bench = build_benchmark(cell.benchmark, job.benchmark)
     engine = engines.engine(cell.engine)
     decoded = engine.decode(job, bench, model_dir, progress)
+    rows = score_batches(job, bench, decoded.batches, decoded.tokenizer)
     record = {**decoded.record, "environment": provenance.environment(decoded.device),
-              "observed": {**decoded.observed, **observed(decoded.rows)}}
+              "observed": {**decoded.observed, **observed(rows)}}
     check_ran_as_named(job, record, engine)
-    return write_cell(job, bench, decoded.rows, decoded.eos, decoded.pad, record, out_path, decoded.unrecorded)
+    return write_cell(job, bench, rows, decoded.eos, decoded.pad, record, out_path, decoded.unrecorded)
 
 
 def observed(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """What every engine's cell writes, whichever engine decoded it: one row per prompt (ids,
 per-step statistics, decoded text, score) and the cell's Parquet file with its provenance.
-Engines hand over `decode.BatchResult`s; scoring and the file format live here once."""
+Engines hand over their decoded batches (`DecodedBatch`); the cell runner scores them here
+(`score_batches`) and writes the file here, once for every engine."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -16,6 +18,26 @@ from .decode import BatchResult, left_pad, stop_criterion
 from .finite import require_finite
 from .jobs import CellJob
 from .sampling import make_selector
+
+
+@dataclass
+class DecodedBatch:
+    """One batch as an engine decoded it: its items, their prompt ids, the generations, and
+    the CPU seconds the engine spent on it."""
+
+    items: list[Item]
+    prompts: list[list[int]]
+    result: BatchResult
+    cpu_seconds: float
+
+
+def score_batches(job: CellJob, bench: Benchmark, batches: list[DecodedBatch], tokenizer) -> list[dict[str, Any]]:
+    """Every prompt's row, scored, in the order the engine decoded them."""
+    rows: list[dict[str, Any]] = []
+    for index, batch in enumerate(batches):
+        rows += records(job, bench, batch.items, index, len(rows), batch.prompts, batch.result, tokenizer,
+                        batch.cpu_seconds)
+    return rows
 
 
 def records(job: CellJob, bench: Benchmark, batch: list[Item], batch_index: int, first_index: int,
@@ -45,17 +67,17 @@ def records(job: CellJob, bench: Benchmark, batch: list[Item], batch_index: int,
 BatchDecoder = Callable[[Any, Any, Any, Any], BatchResult]
 
 
-def generate_records(job: CellJob, tokenizer, bench: Benchmark, decode_batch: BatchDecoder, pad: int,
-                     progress: bool = True, device="cpu", observed: dict[str, Any] | None = None) -> list[dict]:
+def decode_batches(job: CellJob, tokenizer, bench: Benchmark, decode_batch: BatchDecoder, pad: int,
+                   progress: bool = True, device="cpu", observed: dict[str, Any] | None = None) -> list[DecodedBatch]:
     """Decode every item of the benchmark in fixed batches of the cell's batch size, each
     batch through `decode_batch` (the cell's engine; sampling draws on `device`). The token
     selector that ran goes into `observed["selector"]` (what proves the decoding axis)."""
     cell = job.cell
     items = bench.items()
     stop = stop_criterion(tokenizer, bench.stop)
-    rows: list[dict[str, Any]] = []
+    decoded: list[DecodedBatch] = []
     batches = [items[i:i + cell.batch_size] for i in range(0, len(items), cell.batch_size)]
-    for b, batch in enumerate(tqdm(batches, desc=cell.id, unit="batch", disable=not progress)):
+    for batch in tqdm(batches, desc=cell.id, unit="batch", disable=not progress):
         prompts = [runtime.encode_prompt(tokenizer, bench, item) for item in batch]
         ids, mask = left_pad(prompts, pad)
         select = make_selector(job.decoding, [item.id for item in batch], job.run_seed, device)
@@ -63,9 +85,8 @@ def generate_records(job: CellJob, tokenizer, bench: Benchmark, decode_batch: Ba
             observed["selector"] = select.__name__
         cpu_start = time.process_time()
         result = decode_batch(ids, mask, select, stop)
-        cpu = time.process_time() - cpu_start
-        rows += records(job, bench, batch, b, len(rows), prompts, result, tokenizer, cpu)
-    return rows
+        decoded.append(DecodedBatch(batch, prompts, result, time.process_time() - cpu_start))
+    return decoded
 
 
 def model_record(manifest: dict[str, Any]) -> dict[str, Any]:

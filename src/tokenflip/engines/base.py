@@ -20,12 +20,14 @@ def grid_values(grid: dict[str, Any], axis: str, defaults: dict[str, Any]) -> li
 
 @dataclass
 class Decoded:
-    """What an engine hands the cell runner: one row per prompt (`cell_output.records`),
-    the ids that end and pad a sequence, where tokenflip's own process computed (its
-    environment is recorded), and the engine's own record: `model`, `cache_form`, `engine`
-    (what it ran, as it resolved it), and anything else it measured."""
+    """What an engine hands the cell runner: its decoded batches (`cell_output.DecodedBatch`,
+    scored by the runner) and the tokenizer that reads them, the ids that end and pad a
+    sequence, where tokenflip's own process computed (its environment is recorded), and the
+    engine's own record: `model`, `cache_form`, `engine` (what it ran, as it resolved it), and
+    anything else it measured."""
 
-    rows: list[dict[str, Any]]
+    batches: list[Any]
+    tokenizer: Any
     eos: list[int]
     pad: int
     device: Any

@@ -192,7 +192,7 @@ def decode_llama_cpp(job, bench, model_dir, progress: bool) -> Decoded:
     from transformers import GenerationConfig
 
     from .. import runtime
-    from ..cell_output import generate_records, model_record
+    from ..cell_output import decode_batches, model_record
     from ..decode import BatchResult, generated_only
     from ..models import ModelError, load_tokenizer, read_manifest, sha256_file
 
@@ -219,7 +219,7 @@ def decode_llama_cpp(job, bench, model_dir, progress: bool) -> Decoded:
                              stop=generated_only(stop, ids.shape[1]))
 
     observed: dict[str, Any] = {}
-    rows = generate_records(job, tokenizer, bench, decode_batch, pad, progress, observed=observed)
+    batches = decode_batches(job, tokenizer, bench, decode_batch, pad, progress, observed=observed)
     described = engine.describe()
     record = {
         "model": {**model_record(manifest),
@@ -227,4 +227,4 @@ def decode_llama_cpp(job, bench, model_dir, progress: bool) -> Decoded:
         "cache_form": {"impl": "llama.cpp"},  # llama.cpp's own KV cache (its type: engine.kv_cache_type)
         "engine": {**described, "use_cache": use_cache},
     }
-    return Decoded(rows, eos, pad, torch.device("cpu"), record, observed=observed)
+    return Decoded(batches, tokenizer, eos, pad, torch.device("cpu"), record, observed=observed)

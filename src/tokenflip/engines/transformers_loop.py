@@ -43,7 +43,7 @@ class Transformers(Engine):
     def decode(self, job, bench, model_dir, progress: bool) -> Decoded:
         from .. import runtime
         from ..caches import CacheForm
-        from ..cell_output import generate_records, model_record
+        from ..cell_output import decode_batches, model_record
         from ..interventions import apply_to_model, weights_precision
         from ..models import DTYPE_NAMES, load_prepared, weights_record
 
@@ -61,8 +61,8 @@ class Transformers(Engine):
         eos, pad = runtime.special_ids(model, tokenizer)
         use_cache = cell.cache == "on"
         observed: dict[str, Any] = {}
-        rows = generate_records(job, tokenizer, bench, decoder(job, model, eos, pad, form, prefix, use_cache), pad,
-                                progress, model.device, observed)
+        batches = decode_batches(job, tokenizer, bench, decoder(job, model, eos, pad, form, prefix, use_cache), pad,
+                                 progress, model.device, observed)
         record = {
             "model": {**model_record(manifest),
                       "weights": weights_record(manifest, weights_precision(job.intervention, cell.precision))},
@@ -71,7 +71,7 @@ class Transformers(Engine):
             "engine": {"name": TRANSFORMERS, "dtype": dtype, "attn_implementation": attention,
                        "use_cache": use_cache, "intervention": job.intervention.get("kind", "none")},
         }
-        return Decoded(rows, eos, pad, model.device, record, observed=observed)
+        return Decoded(batches, tokenizer, eos, pad, model.device, record, observed=observed)
 
 
 def decoder(job, model, eos: list[int], pad: int, form=None, prefix=None, use_cache: bool | None = None):

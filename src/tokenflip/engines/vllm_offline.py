@@ -350,7 +350,7 @@ def decode_vllm(job, bench, model_dir) -> Decoded:
     from transformers import GenerationConfig
 
     from .. import runtime
-    from ..cell_output import model_record, records
+    from ..cell_output import DecodedBatch, model_record
     from ..decode import BatchResult
     from ..models import load_tokenizer, read_manifest, verify_prepared, weights_record
 
@@ -372,8 +372,7 @@ def decode_vllm(job, bench, model_dir) -> Decoded:
     gens = generations(response, job.record_top_k)
     # Every prompt is one request of one submission: one batch, timed as a whole.
     result = BatchResult(gens, response["timing"]["generate_s"], max((len(g.token_ids) for g in gens), default=0))
-    rows = records(job, bench, bench.items(), 0, 0, req["prompts"], result, tokenizer,
-                   response["timing"]["generate_cpu_s"])
+    batches = [DecodedBatch(bench.items(), req["prompts"], result, response["timing"]["generate_cpu_s"])]
     record = {
         "model": {**model_record(manifest), "weights": weights_record(manifest, job.cell.precision)},
         "cache_form": {"impl": "vllm"},  # vLLM's paged cache (its settings: engine.args)
@@ -385,4 +384,4 @@ def decode_vllm(job, bench, model_dir) -> Decoded:
                           "vllm_cpu_seconds": response["timing"]["total_cpu_s"]},
     }
     # tokenflip's own process (prompts, scoring) ran on the CPU; where vLLM ran is engine.platform.
-    return Decoded(rows, eos, pad, torch.device("cpu"), record, unrecorded=("logsumexp", "entropy"))
+    return Decoded(batches, tokenizer, eos, pad, torch.device("cpu"), record, unrecorded=("logsumexp", "entropy"))
