@@ -1,12 +1,18 @@
-"""The command line outside Snakemake: run one cell, print its digest, exit codes."""
+"""The command line outside Snakemake: run one cell, print its digest, exit codes; every
+option of every command given hostile values."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
+from conftest import tiny_study, write_yaml
 from tokenflip import storage
 
 
@@ -35,3 +41,197 @@ def test_run_cell_then_digest(tmp_path):
     assert "c.yaml: no cell 'tiny/arith/fp16-on-bs1-greedy-none'" in missing.stderr
     assert tokenflip("digest", str(tmp_path / "nope.parquet")).returncode == 1
     assert tokenflip("frobnicate").returncode == 2
+
+
+# --- every option of every subcommand, given hostile values ------------------------------------
+
+# Runs in one interpreter: each case is `cli.main(argv)` with stderr captured and a deadline
+# (a command that reads a pipe or a device waits forever); an exception that escapes is the
+# traceback a user would see.
+DRIVER = r"""
+import contextlib, io, json, signal, sys, traceback
+from tokenflip import cli
+
+def deadline(signum, frame):
+    raise TimeoutError("no answer within the deadline")
+
+signal.signal(signal.SIGALRM, deadline)
+results = []
+for argv in json.load(sys.stdin):
+    err = io.StringIO()
+    signal.alarm(30)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = cli.main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+                if not isinstance(exc.code, int) and exc.code is not None:
+                    err.write(str(exc.code))
+    except BaseException:
+        code, err = "traceback", io.StringIO(traceback.format_exc())
+    finally:
+        signal.alarm(0)
+    results.append([code, err.getvalue()[-3000:]])
+print(json.dumps(results))
+"""
+
+LONG = "x" * 10_000
+NUMBERS = ["0", "-1", "nan", "inf", "-inf", "1e309", "1e-320", LONG, ""]
+LENGTHS = ["gsm8k", "=5", "arith_a=nan", "arith_a=inf", "arith_a=-1", "arith_a=0", "arith_a=1e309",
+           f"{LONG}=5", "arith_a=" + LONG]
+JSONS = ["", LONG, "{", "NaN", '{"a": NaN}', "1e309", '{"a": -Infinity}', "[" * 100_000 + "]" * 100_000,
+         "5", "[1]", "null", '"' + LONG + '"', '{"source": "hf", "id": "' + LONG + '"}',
+         '{"source": "hf", "id": "../../etc/passwd"}', '{"source": "hf", "id": "https://example.invalid/x"}']
+STRINGS = ["", LONG, "../../etc/passwd", "--help-me", "\u202eevil"]
+
+
+def _commands():
+    """{name: subparser} from the parser itself, so that a new command is covered."""
+    from tokenflip import cli
+
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+def _kind(action) -> str:
+    from tokenflip import cli_args
+
+    if action.nargs == 0:
+        return "flag"
+    if getattr(action.type, "kind", None):
+        return "path:" + action.type.kind
+    if action.type is cli_args.json_arg:
+        return "json"
+    if action.type is cli_args.length_arg:
+        return "length"
+    if action.choices:
+        return "choice"
+    if getattr(action.type, "__name__", "") in ("number", "integer"):
+        return "number"
+    assert action.type is None, f"{action.dest}: a type this test does not know: {action.type}"
+    return "string"
+
+
+def _files(tmp_path: Path) -> dict[str, Path]:
+    """Hostile things a path can name: besides /dev/zero, a directory, a pipe, an empty
+    file, a bare number, nesting deeper than the parsers recurse, 2 MiB of text, bytes
+    that are not UTF-8."""
+    files = {"dir": tmp_path / "a-directory", "fifo": tmp_path / "a-pipe", "empty": tmp_path / "empty.json",
+             "number": tmp_path / "number.json", "deep": tmp_path / "deep.json", "big": tmp_path / "big.yaml",
+             "binary": tmp_path / "binary.parquet", "absent": tmp_path / "absent" / "file",
+             "absent-out": tmp_path / "absent-out" / "file"}
+    files["dir"].mkdir()
+    os.mkfifo(files["fifo"])
+    files["empty"].write_text("")
+    files["number"].write_text("5\n")
+    files["deep"].write_text("[" * 100_000 + "]" * 100_000)
+    files["big"].write_text("a: 1\n" + "# padding\n" * 220_000)
+    files["binary"].write_bytes(bytes(range(256)) * 64)
+    files["calibration"] = tmp_path / "calibration.json"
+    files["calibration"].write_text(json.dumps({"overhead_per_layer_ms": {"1": 1.0}}))
+    return files
+
+
+def _values(kind: str, files: dict[str, Path]) -> list[str]:
+    if kind == "number":
+        return NUMBERS
+    if kind == "length":
+        return LENGTHS
+    if kind == "json":
+        return JSONS
+    if kind in ("choice", "string"):
+        return STRINGS
+    if kind == "flag":  # a flag takes no value: `--cost=nan` is a usage error
+        return ["nan", LONG]
+    paths = [str(files[k]) for k in ("dir", "fifo", "absent")] + [LONG, ""]
+    if kind in ("path:out", "path:outdir"):
+        return [str(files[k]) for k in ("dir", "fifo", "absent-out")] + [LONG, ""]
+    # read, never written: a device and hostile contents too
+    return paths + ["/dev/zero"] + [str(files[k]) for k in ("empty", "number", "deep", "big", "binary")]
+
+
+def _base(tmp_path: Path, files) -> dict[str, str]:
+    """A placeholder per kind for the options a command requires: well-formed, so that the
+    hostile value of another option is what the command meets first."""
+    config = write_yaml(tmp_path / "study.yaml", tiny_study())
+    cell = tmp_path / "cell.parquet"
+    cell.write_text("not a parquet file")
+    return {"path:config": str(config), "path:file": str(cell), "path:dir": str(files["dir"]),
+            "path:out": str(tmp_path / "out" / "result.parquet"), "path:outdir": str(tmp_path / "outdir" / "m"),
+            "path:calibration": str(files["calibration"]),
+            "json": "{}", "string": "x", "number": "1", "length": "arith_a=5", "choice": None}
+
+
+def _cases(tmp_path: Path):
+    """(command, option, kind, value, argv) for every option of every command and every
+    hostile value of its kind; the other required options get `_base` placeholders."""
+    files = _files(tmp_path)
+    base = _base(tmp_path, files)
+    for name, parser in _commands().items():
+        actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+        groups = [g for g in parser._mutually_exclusive_groups if g.required]
+        chosen = {g._group_actions[0] for g in groups}
+        for action in actions:
+            kind = _kind(action)
+            siblings = {a for g in groups if action in g._group_actions for a in g._group_actions}
+            for value in _values(kind, files):
+                argv = [name]
+                for other in actions:
+                    given = value if other is action else base[_kind(other)] if (
+                        other.required or not other.option_strings or other in chosen) else None
+                    if other is not action and (other in siblings or given is None):
+                        continue
+                    if other is action and other.nargs == 0:
+                        argv.append(f"{other.option_strings[-1]}={given}")
+                    elif other.option_strings:
+                        argv += [other.option_strings[-1]] + ([] if other.nargs == 0 else [given])
+                    else:
+                        argv.append(given)
+                yield name, (action.option_strings or [action.dest])[-1], kind, value, argv
+
+
+def test_every_option_of_every_command_refuses_hostile_values_without_a_traceback(tmp_path):
+    """Each option of each subcommand (enumerated from the parser) is given every hostile
+    value of its kind: numbers out of range or not finite (exit 2, naming the option), JSON
+    that is not JSON, not finite or nested 100,000 deep (exit 2), paths to a device, a
+    directory, a pipe, an empty, bare-number, deeply nested, 2 MiB or binary file, a 10,000
+    character name (exit 1, naming the option and the file). Never a traceback, never a hang."""
+    cases = list(_cases(tmp_path))
+    commands = {c[0] for c in cases}
+    assert commands == set(_commands()) and len(commands) >= 11
+    work = tmp_path / "cwd"  # whatever a command writes by default lands here
+    work.mkdir()
+    proc = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps([c[4] for c in cases]),
+                          capture_output=True, text=True, cwd=work, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout)
+    valid = {"path:dir": {str(tmp_path / "a-directory")},
+             "path:outdir": {str(tmp_path / "a-directory"), str(tmp_path / "absent-out" / "file")},
+             "path:out": {str(tmp_path / "absent-out" / "file")}}
+    # A Parquet file's contents are checked when it is read (storage names the file), which a
+    # command whose other inputs are placeholders may not reach: refused, but maybe for those.
+    contents = {str(tmp_path / name) for name in ("empty.json", "number.json", "deep.json", "big.yaml",
+                                                  "binary.parquet")}
+    failures = []
+    for (name, option, kind, value, argv), (code, stderr) in zip(cases, results):
+        if kind in ("number", "length", "choice", "flag") or (kind == "json" and value in JSONS[:8]):
+            expected = {2}  # usage: the option's value is not one it takes
+        elif kind.startswith("path:") and value not in valid.get(kind, ()):
+            expected = {1}  # refused input: the path names nothing the command can use
+        else:
+            expected = {0, 1, 2}
+        problem = None
+        if code == "traceback" or "Traceback" in stderr:
+            problem = "traceback"
+        elif code not in expected:
+            problem = f"exit {code}, expected {sorted(expected)}"
+        elif len(expected) == 1 and option not in stderr and value[:40] not in stderr and \
+                not (kind == "path:file" and value in contents):
+            problem = "the message names neither the option nor the value"
+        elif name == "prepare-model" and '"source": "hf"' in value and "--spec.id: " not in stderr:
+            problem = "the hub id is not refused as one"
+        if problem:
+            failures.append(f"{name} {option} {value[:30]!r}…{value[-30:]!r}: {problem}\n    {stderr.strip()[-600:]}")
+    assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:40])

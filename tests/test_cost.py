@@ -187,7 +187,7 @@ def test_the_paper_configs_are_priced_without_reaching_the_hub():
 @pytest.mark.parametrize("args,message", [(("--prompt-tokens", "nope=10"), "does not define: ['nope']"),
                                           (("--prompt-tokens", "gsm8k"), "expected BENCHMARK=TOKENS"),
                                           (("--calibration", "/absent/gpu-check.json"),
-                                           "--calibration /absent/gpu-check.json: cannot read it")])
+                                           "--calibration /absent/gpu-check.json: file not found")])
 def test_bad_cost_arguments_say_what_is_expected(args, message):
     proc = _plan("--config", str(REPO / "config" / "paper-kv-cache.yaml"), "--cost", *args)
     assert proc.returncode != 0 and message in proc.stderr
@@ -255,3 +255,126 @@ def test_llama_cpp_cells_are_counted_apart_and_not_priced(tmp_path):
     assert cost["cpu_cells"] == {"llama.cpp": 4}
     text = _plan("--config", str(REPO / "config" / "engines.yaml"), "--cost", "--root", str(tmp_path)).stdout
     assert "not priced: 4 llama.cpp cell(s), which run on the CPU" in text
+
+
+# --- inputs that are no GPU, no calibration, no prompt --------------------------------------------
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+@pytest.mark.parametrize("content,message", [
+    ("", "an empty file"),
+    ("5", "a JSON int, not an object"),
+    ("[1, 2]", "a JSON list, not an object"),
+    (_deep(100_000), "nested deeper than 64 levels"),
+    ('{"overhead_per_layer_ms": {}}', "overhead_per_layer_ms must map batch sizes to milliseconds"),
+    ('{"overhead_per_layer_ms": 3}', "overhead_per_layer_ms must map batch sizes to milliseconds"),
+    ('{"overhead_per_layer_ms": {"1": -1}}', "overhead_per_layer_ms.1: '-1' is not a number of milliseconds"),
+    ('{"overhead_per_layer_ms": {"1": 0}}', "overhead_per_layer_ms.1: '0' is not a number of milliseconds"),
+    ('{"overhead_per_layer_ms": {"1": NaN}}', "NaN is not a finite number"),
+    ('{"overhead_per_layer_ms": {"1": 1e309}}', "1e309 is beyond the largest number a float holds"),
+    ('{"overhead_per_layer_ms": {"1": 1e300}}', "overhead_per_layer_ms.1: '1e+300' is not a number of milliseconds"),
+    ('{"overhead_per_layer_ms": {"1": true}}', "overhead_per_layer_ms.1: 'true' is not a number of milliseconds"),
+    ('{"overhead_per_layer_ms": {"0": 1.0}}', "batch size '0' is not a whole number from 1 to 65536"),
+    ('{"overhead_per_layer_ms": {"-8": 1.0}}', "batch size '-8' is not a whole number"),
+    ('{"overhead_per_layer_ms": {"' + "9" * 5000 + '": 1.0}}', "(5,000 characters) is not a whole number"),
+    ('{"parts": {"perf": {"layers": 0, "checks": [{"name": "decode_vs_generate", '
+     '"figures": {"bs1": {"tok_s_wall": {"decode": 50}}}}]}}}', "parts.perf.layers: '0' is not a number of layers"),
+    ('{"parts": {"perf": {"layers": 16, "checks": [{"name": "decode_vs_generate", '
+     '"figures": {"bs1": {"tok_s_wall": {"decode": 0}}}}]}}}', "bs1.tok_s_wall.decode: '0' is not a positive"),
+    ('{"parts": {"perf": {"layers": 16, "checks": [{"name": "decode_vs_generate", '
+     '"figures": {"bs1": {"tok_s_wall": {"decode": 1e-9}}}}]}}}', "is not a number of milliseconds"),
+    ('{"parts": {"perf": {"layers": 16, "checks": [{"name": "decode_vs_generate", "figures": {}}]}}}',
+     "neither overhead_per_layer_ms nor a GPU check's"),
+    ('{"parts": {"perf": {"layers": 16, "checks": [{"name": "decode_vs_generate", '
+     '"figures": {"bsx": {"tok_s_wall": {"decode": 50}}}}]}}}', "batch size 'x' is not a whole number"),
+])
+def test_a_calibration_file_that_says_no_step_cost_is_refused_naming_it_and_the_key(tmp_path, content, message):
+    path = tmp_path / "calibration.json"
+    path.write_text(content)
+    with pytest.raises(CalibrationFileError) as refused:
+        gpu_overhead_from(str(path))
+    assert f"--calibration {path}" in str(refused.value) and message in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize("path,message", [("/dev/zero", "a device, not a file"), (".", "a directory, not a file"),
+                                          ("x" * 10_000, "… (10,000 characters): File name too long")])
+def test_a_calibration_that_is_no_file_is_refused_before_it_is_read(path, message):
+    with pytest.raises(CalibrationFileError, match="--calibration") as refused:
+        gpu_overhead_from(path)
+    assert message in str(refused.value) and len(str(refused.value)) < 400
+
+
+def test_a_calibration_file_larger_than_a_megabyte_is_refused(tmp_path):
+    path = tmp_path / "gpu-check.json"
+    path.write_text('{"overhead_per_layer_ms": {"1": 1.0}, "padding": "' + "x" * 2**20 + '"}')
+    with pytest.raises(CalibrationFileError, match=r"1,048,\d+ bytes, more than the 1,048,576"):
+        gpu_overhead_from(str(path))
+
+
+def _figures(value, where=""):
+    """Every number of a priced study, with where it is."""
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            yield from _figures(sub, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, sub in enumerate(value):
+            yield from _figures(sub, f"{where}.{i}")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield where, value
+
+
+def test_no_cost_figure_is_negative_nan_or_infinite_at_the_bounds_of_every_input(tmp_path):
+    """Every input at both ends of what it may be (bandwidth, throughput, a calibration's
+    overhead, a prompt's length): every figure priced is a finite number, none negative."""
+    import math
+
+    from tokenflip import config as cfg
+    from tokenflip.cost import price
+    from tokenflip.cost_model import GPU_BANDWIDTH_GBS, GPU_TFLOPS, MAX_PROMPT_TOKENS, OVERHEAD_PER_LAYER_MS
+
+    config = cfg.load(REPO / "config" / "paper-kv-cache.yaml")
+    counted = 0
+    for end in (0, 1):
+        calibration = tmp_path / f"calibration-{end}.json"
+        calibration.write_text(json.dumps({"overhead_per_layer_ms": {"1": OVERHEAD_PER_LAYER_MS[end],
+                                                                     "8": OVERHEAD_PER_LAYER_MS[end]}}))
+        cost = price(config, "gpu", GPU_BANDWIDTH_GBS[end], GPU_TFLOPS[end], str(calibration), str(tmp_path),
+                     {"gsm8k": (1, MAX_PROMPT_TOKENS)[end]})
+        figures = list(_figures(cost))
+        bad = [(where, x) for where, x in figures if not math.isfinite(x) or x < 0]
+        assert not bad, bad
+        assert cost["total_seconds"] > 0 and cost["unknown"] == []
+        counted += len(figures)
+    assert counted > 100
+
+
+@pytest.mark.parametrize("bandwidth,tflops,tokens", [(0, 150, 10), (2000, 0, 10), (float("nan"), 150, 10),
+                                                     (2000, float("inf"), 10), (-1, 150, 10), (2000, 150, 0),
+                                                     (2000, 150, float("nan")), (2000, 150, 1e308), (True, 150, 10)])
+def test_price_refuses_what_no_gpu_or_prompt_can_be(bandwidth, tflops, tokens):
+    from tokenflip import config as cfg
+    from tokenflip.cost import price
+    from tokenflip.cost_model import CostInputError
+
+    config = cfg.load(REPO / "config" / "paper-kv-cache.yaml")
+    with pytest.raises(CostInputError, match="--bandwidth-gbs|--tflops|--prompt-tokens"):
+        price(config, "gpu", bandwidth, tflops, prompt_tokens={"gsm8k": tokens})
+
+
+def test_a_figure_that_comes_out_negative_or_nan_is_refused_not_printed():
+    from tokenflip.cost_model import CostInputError, check_figures
+
+    check_figures({"generate": {"seconds": 1.0, "cells": 2}, "per_cell": {"a": None}, "unknown": []})
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(CostInputError, match=r"the figure per_cell\.m/b/c came out as"):
+            check_figures({"generate": {"seconds": 1.0}, "per_cell": {"m/b/c": bad}})
+
+
+@pytest.mark.parametrize("flag,value", [("--bandwidth-gbs", "0"), ("--bandwidth-gbs", "-1"), ("--tflops", "nan"),
+                                        ("--tflops", "inf"), ("--bandwidth-gbs", "1e309"),
+                                        ("--prompt-tokens", "gsm8k=nan"), ("--prompt-tokens", "gsm8k=-5")])
+def test_cost_flags_out_of_range_are_usage_errors_naming_the_flag(flag, value):
+    proc = _plan("--config", str(REPO / "config" / "paper-kv-cache.yaml"), "--cost", flag, value)
+    assert proc.returncode == 2 and f"argument {flag}: " in proc.stderr and "Traceback" not in proc.stderr

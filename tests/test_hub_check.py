@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import snakemake_command, tiny_study, write_yaml
 
 GATED = "meta-llama/Llama-2-7b-hf"
@@ -88,3 +90,76 @@ def test_a_failed_preparation_shows_its_cause_and_the_partial_report_no_pair_ver
     partial = (work / "reports" / "inc" / "partial.html").read_text()
     assert "No prompt diverged in any pair" not in partial
     assert "No pair has been compared yet (2 missing)" in " ".join(partial.split())
+
+
+# --- ids the hub cannot have --------------------------------------------------------------------
+
+LONG_ID = "a" * 10_000
+
+
+@pytest.mark.parametrize("model_id,rule", [
+    ("../../etc/passwd", "in the form 'repo_name' or 'namespace/repo_name'"),
+    ("--help", "cannot start or end with '-' or '.'"),
+    ("https://huggingface.co/org/model", "in the form 'repo_name' or 'namespace/repo_name'"),
+    (LONG_ID, "the maximum length is 96"),
+    ("org/model--x", "Cannot have -- or .."),
+    ("org/model.git", "cannot end by '.git'"),
+    ("org/mödel", "alphanumeric chars"),
+])
+def test_an_id_the_hub_cannot_have_is_refused_naming_the_key_and_the_value(model_id, rule):
+    from tokenflip import config as cfg
+
+    study = tiny_study()
+    study["models"] = {"hubmodel": {"source": "hf", "id": model_id}}
+    study.pop("probes")
+    with pytest.raises(cfg.ConfigError) as refused:
+        cfg.validate(study, source="study.yaml", check_data=False)
+    message = str(refused.value)
+    assert "study.yaml: models.hubmodel.id: " in message and rule in message, message
+    assert repr(model_id[:80]) in message and len(message) < 1000  # the value named, cut to a readable length
+    if model_id is LONG_ID:
+        assert "(10,000 characters)" in message
+
+
+@pytest.mark.parametrize("model_id", ["meta-llama/Llama-2-7b-hf", "gpt2", "Qwen/Qwen2.5-0.5B-Instruct", "local-dir"])
+def test_hub_ids_and_local_directories_are_accepted(tmp_path, model_id):
+    from tokenflip import config as cfg
+
+    (tmp_path / "local-dir" / "x").mkdir(parents=True)
+    if model_id == "local-dir":
+        model_id = str(tmp_path / "local-dir" / "x")  # a checkpoint directory is any path
+    study = tiny_study()
+    study["models"] = {"hubmodel": {"source": "hf", "id": model_id}}
+    study.pop("probes")
+    assert cfg.validate(study, check_data=False)["models"]["hubmodel"]["id"] == model_id
+
+
+def test_a_long_id_is_one_line_from_plan_and_no_crash_in_the_pre_run_check(tmp_path):
+    from tokenflip.hub_check import is_local_dir
+
+    study = tiny_study()
+    study["models"] = {"hubmodel": {"source": "hf", "id": LONG_ID}}
+    study.pop("probes")
+    path = write_yaml(tmp_path / "study.yaml", study)
+    proc = subprocess.run([sys.executable, "-m", "tokenflip", "plan", "--config", str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and "models.hubmodel.id: 'aaaa" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "File name too long" not in proc.stderr and len(proc.stderr) < 1000
+    # The pre-run check itself tells a directory from a hub id without asking the file system
+    # about a name no file can have.
+    assert not is_local_dir(LONG_ID) and not is_local_dir("a\0b") and is_local_dir(str(tmp_path))
+    env = _offline_env(tmp_path)
+    code = ("import json, sys; from tokenflip.hub_check import hub_problems; "
+            "print(json.dumps(hub_problems(json.loads(sys.argv[1]), sys.argv[2])))")
+    config = {"models": {"hubmodel": {"source": "hf", "id": LONG_ID}}}
+    check = subprocess.run([sys.executable, "-c", code, json.dumps(config), str(tmp_path / "absent")], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0 and "Traceback" not in check.stderr, check.stderr[-2000:]
+    assert len(json.loads(check.stdout)) == 1
+
+
+def test_a_benchmark_whose_hub_dataset_id_the_hub_cannot_have_is_refused():
+    from tokenflip.benchmarks import BenchmarkError, build_benchmark
+
+    with pytest.raises(BenchmarkError, match=r"source\.hub: '\.\./\.\./x' is not an id the Hugging Face hub can have"):
+        build_benchmark("g", {"kind": "gsm8k", "n": 2, "source": {"hub": "../../x", "split": "test"}})

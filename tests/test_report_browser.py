@@ -890,3 +890,104 @@ def test_every_section_has_a_screenshot_at_1280_by_900(browser_page, artifacts_d
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         assert int.from_bytes(png[16:20], "big") == VIEWPORT[0] and int.from_bytes(png[20:24], "big") == VIEWPORT[1]
         (artifacts_dir / f"report-section-{name}.png").write_bytes(png)
+
+
+# ------------------------------------------------------ text that would act on its reader
+
+
+HYPERLINK = '=HYPERLINK("http://example.invalid/","open me")'
+HOSTILE = {"text_a": HYPERLINK + " then \u202egnp.exe\0 after a NUL", "token_a": "=HYPERLINK(",
+           "text_b": "+cmd|' /C calc'!A0 and more", "token_b": "+cmd", "extracted_a": "@SUM(1+1)",
+           "extracted_b": "-5", "margin_a": -0.5}
+
+
+@pytest.fixture(scope="module")
+def hostile_report(tmp_path_factory) -> dict[str, Any]:
+    """A report whose diverged completions start with spreadsheet formulas and hold a bidi
+    override and a NUL: perf/report_scale.py's synthetic summaries of one model, with the
+    first two diverging pairs' prompts as `HOSTILE` texts (split at the first character)."""
+    import sys
+
+    import pandas as pd
+    import pyarrow as pa
+
+    from tokenflip import storage
+    from tokenflip.completions import COLUMNS
+    from tokenflip.report import render
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
+    import report_scale
+
+    root = tmp_path_factory.mktemp("hostile-report")
+    summary = root / "summary"
+    config = report_scale.write_synthetic_summaries(summary, models=1, missing_cells=0)
+    first = pq.read_table(summary / "first_divergence.parquet").to_pandas()
+    first = first[first["pair_id"].isin(first["pair_id"].drop_duplicates().head(2))]
+    topk = json.dumps([["=1+1", 0, 10.0], [" \u202ex", 1, 9.5]])
+    rows = first.assign(a="fp16", b="bf16", engine="transformers", step=first["first_div_step"].astype(int),
+                        prefix_chars=0, token_id_a=0, token_id_b=1, margin_b=0.02, topk_a=topk, topk_b=topk,
+                        correct_a=True, correct_b=False, verdict_a="right", verdict_b="wrong", finish_a="eos",
+                        finish_b="length", n_tokens_a=12, n_tokens_b=16, **HOSTILE)
+    storage.write_table(pa.Table.from_pandas(pd.DataFrame(rows.reindex(columns=COLUMNS)), preserve_index=False),
+                        summary / "diverged.parquet", {"kind": "summary", "table": "diverged", "run": config["run"]})
+    report = render(summary, root / "report" / "index.html", config)
+    return {"report": report, "tables": report.parent / "tables", "rows": len(rows)}
+
+
+def test_a_reports_csv_files_open_in_a_spreadsheet_as_text(hostile_report):
+    """No browser needed: every CSV beside the report, opened as a spreadsheet opens it
+    (tests/test_exports.py: each field into an openpyxl cell, a number where it reads as
+    one), has no formula, and the completions read as written."""
+    from test_exports import _formulas, _spreadsheet
+
+    pytest.importorskip("openpyxl")
+    tables = sorted(hostile_report["tables"].glob("*.csv"))
+    assert "diverged.csv" in {p.name for p in tables} and len(tables) > 5
+    for path in tables:
+        assert _formulas(_spreadsheet(path)) == [], path.name
+    sheet = _spreadsheet(hostile_report["tables"] / "diverged.csv")
+    header = [cell.value for cell in sheet[1]]
+    rows = [dict(zip(header, [cell.value for cell in r])) for r in list(sheet.iter_rows())[1:]]
+    assert len(rows) == hostile_report["rows"] > 1
+    for row in rows:
+        assert row["text_a"] == "'" + HYPERLINK + " then ⟨U+202E⟩gnp.exe after a NUL"
+        assert row["text_b"] == "'+cmd|' /C calc'!A0 and more" and row["extracted_a"] == "'@SUM(1+1)"
+        assert row["extracted_b"] == -5 and row["margin_a"] == -0.5  # numbers stay numbers
+    html = hostile_report["report"].read_text()
+    assert "\u202e" not in html and "\0" not in html and 'href="http://example.invalid' not in html
+    assert 'id="csv-safety"' in html
+
+
+HOSTILE_PROBE = """(() => {
+  const prompt = document.querySelector(".diverged-prompt");
+  const side = s => prompt.querySelector(".side-" + s + " .completion");
+  const body = document.body.textContent;
+  return {a: side("a").textContent, b: side("b").textContent,
+          marks: [...prompt.querySelectorAll("mark.first-diff")].map(m => m.textContent),
+          candidates: [...prompt.querySelectorAll("table.candidates code")].map(c => c.textContent),
+          links: [...document.querySelectorAll("a[href]")].map(a => a.getAttribute("href"))
+            .filter(h => h.includes("example.invalid")),
+          controls: [...body].filter(ch => /[\\u0000\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069]/.test(ch)).length,
+          shown: body.includes("⟨U+202E⟩"), csvNote: document.getElementById("csv-safety").nextElementSibling.textContent};
+})()"""
+
+
+def test_a_completion_that_starts_with_a_formula_shows_as_text_in_chromium(chromium, hostile_report,
+                                                                           tmp_path_factory):
+    tools = DevTools(chromium, tmp_path_factory.mktemp("chromium-profile-hostile"))
+    try:
+        url = hostile_report["report"].resolve().as_uri()
+        session, start, _ = open_page(tools, hostile_report["report"])
+        answer = tools.send("Runtime.evaluate", {"expression": HOSTILE_PROBE, "returnByValue": True}, session=session)
+        assert "exceptionDetails" not in answer, answer["exceptionDetails"]
+        events = [e for e in tools.events[start:] if e.get("sessionId") == session]
+    finally:
+        tools.close()
+    page = answer["result"]["value"]
+    assert not any(page_problems(events, url).values()), page_problems(events, url)
+    assert page["marks"] == ["=HYPERLINK(", "+cmd"]
+    assert page["a"] == HYPERLINK + " then ⟨U+202E⟩gnp.exe⟨U+0000⟩ after a NUL"
+    assert page["b"] == "+cmd|' /C calc'!A0 and more"
+    assert page["candidates"] == ["=1+1", "=1+1", "␣⟨U+202E⟩x", "␣⟨U+202E⟩x"]  # rank by rank, a then b
+    assert page["links"] == [] and page["controls"] == 0 and page["shown"]
+    assert "leading '" in " ".join(page["csvNote"].split())

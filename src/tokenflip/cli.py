@@ -1,7 +1,13 @@
 """`tokenflip` command line: what the Snakemake rules call, and what people call by hand.
 
-Exit codes: 0 success, 1 usage or input error (message on stderr), 2 command-line syntax,
-3 `diff-runs` found cells that differ.
+Exit codes: 0 success, 1 refused input (a file, a config, a job spec; message on stderr),
+2 usage (an option's value out of its range, not a number, not JSON), 3 `diff-runs` found
+cells that differ.
+
+Every input is checked before the command does any work: numbers by their option's type
+(finite, in range), paths by what the command does with them (`PATH_CHECKS`: a file to
+read is a regular file, a file to write is not a device or a directory), files by
+`tokenflip.inputs` (size, nesting, finite numbers).
 """
 
 from __future__ import annotations
@@ -11,24 +17,21 @@ import json
 import sys
 from pathlib import Path
 
-
-def _json_arg(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-
+from .cli_args import (json_arg, number, path_arg, check_paths, model_spec, length_arg)
+from .inputs import InputError, shown
 
 def cmd_prepare_model(args) -> None:
+    from .hub_check import is_local_dir
     from .models import ModelError, prepare
 
+    spec = model_spec(args.spec)
     try:
-        manifest = prepare(args.spec, args.out)
+        manifest = prepare(spec, args.out)
     except (OSError, ValueError) as exc:  # the hub's errors are OSErrors: say why, and what fixes it
-        if args.spec.get("source") != "hf":
+        if spec.get("source") != "hf":
             raise
         cause = None
-        if not Path(args.spec["id"]).is_dir():
+        if not is_local_dir(spec["id"]):
             from .hub_check import check_model
 
             cause = check_model(Path(args.out).name, args.spec)
@@ -47,7 +50,7 @@ def cmd_run_cell(args) -> None:
     config = cfg.load(args.config)
     cells = {cell.id: cell for cell in expand_cells(config)}
     if args.cell not in cells:
-        raise cfg.ConfigError(f"{args.config}: no cell {args.cell!r}; `tokenflip plan --config "
+        raise cfg.ConfigError(f"{args.config}: no cell {shown(args.cell)}; `tokenflip plan --config "
                               f"{args.config}` lists them")
     cell = cells[args.cell]
     layout = RunLayout(config["run"])
@@ -75,8 +78,8 @@ def cmd_check_prompts(args) -> None:
     from .runtime import check_prompts
     from .storage import write_json
 
-    result = check_prompts(load_tokenizer(args.model_dir), build_benchmark(args.benchmark, args.spec),
-                           args.max_new_tokens, context_length(args.model_dir))
+    bench = build_benchmark(args.benchmark, args.spec)  # the spec is checked before the tokenizer loads
+    result = check_prompts(load_tokenizer(args.model_dir), bench, args.max_new_tokens, context_length(args.model_dir))
     write_json(args.out, {**result, "model_dir": str(args.model_dir)})
     print(f"{args.benchmark}: {result['prompts']} prompts, {result['min_tokens']}-{result['max_tokens']} tokens, "
           f"{result['prompt_style']}")
@@ -217,15 +220,15 @@ def cmd_plan(args) -> None:
     from .plan import expand_cells, expand_pairs, probe_targets
 
     config = _config(args)
+    if args.prompt_tokens:  # named benchmarks are checked with or without --cost
+        from .cost import check_prompt_tokens
+
+        check_prompt_tokens(config, dict(pair for group in args.prompt_tokens for pair in group))
     if args.cost:
         from .cost import format_cost, price
-        from .cost_model import CostInputError
 
-        try:
-            cost = price(config, args.device, args.bandwidth_gbs, args.tflops, args.calibration, args.root,
-                         dict(pair for group in args.prompt_tokens or [] for pair in group))
-        except CostInputError as exc:
-            raise SystemExit(f"tokenflip plan: {exc}") from None
+        cost = price(config, args.device, args.bandwidth_gbs, args.tflops, args.calibration, args.root,
+                     dict(pair for group in args.prompt_tokens or [] for pair in group))
         print(json.dumps(cost, indent=2, sort_keys=True, default=str) if args.json else format_cost(cost))
         return
     cells = expand_cells(config)
@@ -240,97 +243,89 @@ def cmd_plan(args) -> None:
     print(f"{len(cells)} cells, {len(pairs)} pairs, {len(probes)} probe jobs", file=sys.stderr)
 
 
-def _length_arg(text: str) -> tuple[str, float]:
-    """BENCHMARK=N: the prompt length to assume for a benchmark."""
-    name, sep, n = text.partition("=")
-    try:
-        tokens = float(n)
-    except ValueError:
-        tokens = 0.0
-    if not sep or not name or tokens <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected BENCHMARK=TOKENS, e.g. gsm8k=900")
-    return name, tokens
-
-
 def _config_args(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--config", help="config YAML file")
-    group.add_argument("--config-json", type=_json_arg, help="the config itself, as JSON")
+    path_arg(p, "--config", kind="config", group=group, help="config YAML file")
+    group.add_argument("--config-json", type=json_arg, help="the config itself, as JSON")
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
-    p.add_argument("--root", help="the working directory that holds results/ and reports/ (default: .)")
+    path_arg(p, "--root", kind="outdir", help="the working directory that holds results/ and reports/ (default: .)")
 
 
 def _job_commands(sub) -> None:
     """The commands the pipeline's jobs call, one job spec each."""
     p = sub.add_parser("prepare-model", help="convert a model once into a prepared directory")
-    p.add_argument("--spec", type=_json_arg, required=True, help="model spec as JSON (a config 'models' entry)")
-    p.add_argument("--out", required=True, help="directory to create")
+    p.add_argument("--spec", type=json_arg, required=True, help="model spec as JSON (a config 'models' entry)")
+    path_arg(p, "--out", kind="outdir", required=True, help="directory to create")
     p.set_defaults(func=cmd_prepare_model)
 
     p = sub.add_parser("check-prompts", help="check that a prepared model's tokenizer takes a benchmark's "
                                              "prompt format (before any generation job)")
     p.add_argument("--benchmark", required=True, help="the benchmark's name in the config")
-    p.add_argument("--spec", type=_json_arg, required=True, help="the config's benchmark entry as JSON")
-    p.add_argument("--model-dir", required=True, help="prepared model directory")
-    p.add_argument("--out", required=True, help="JSON record to write")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--spec", type=json_arg, required=True, help="the config's benchmark entry as JSON")
+    path_arg(p, "--model-dir", kind="dir", required=True, help="prepared model directory")
+    path_arg(p, "--out", kind="out", required=True, help="JSON record to write")
+    p.add_argument("--max-new-tokens", type=number(1, 2**31 - 1, "tokens", integer=True), default=None,
                    help="the most tokens any cell or probe generates after a prompt (checked against the context)")
     p.set_defaults(func=cmd_check_prompts)
 
     p = sub.add_parser("generate", help="run one cell from its job spec (what the pipeline calls)")
-    p.add_argument("--job", type=_json_arg, required=True, help="cell job spec as JSON")
-    p.add_argument("--model-dir", required=True, help="prepared model directory")
-    p.add_argument("--out", required=True, help="cell Parquet file to write")
+    p.add_argument("--job", type=json_arg, required=True, help="cell job spec as JSON")
+    path_arg(p, "--model-dir", kind="dir", required=True, help="prepared model directory")
+    path_arg(p, "--out", kind="out", required=True, help="cell Parquet file to write")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("probe", help="run a mechanism probe for one model and benchmark")
-    p.add_argument("--job", type=_json_arg, required=True, help="probe job spec as JSON")
-    p.add_argument("--model-dir", required=True, help="prepared model directory")
-    p.add_argument("--out-dir", required=True, help="directory for the probe's Parquet tables")
-    p.add_argument("--pairs", nargs="*", default=[],
-                   help="pair results of the pairs the job explains, to choose its prompts from")
+    p.add_argument("--job", type=json_arg, required=True, help="probe job spec as JSON")
+    path_arg(p, "--model-dir", kind="dir", required=True, help="prepared model directory")
+    path_arg(p, "--out-dir", kind="outdir", required=True, help="directory for the probe's Parquet tables")
+    path_arg(p, "--pairs", kind="file", nargs="*", default=[],
+              help="pair results of the pairs the job explains, to choose its prompts from")
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("compare", help="compare two cell files that differ in one axis")
-    p.add_argument("a")
-    p.add_argument("b")
-    p.add_argument("--out", required=True, help="pair Parquet file to write")
+    path_arg(p, "a", kind="file", help="cell file of side a")
+    path_arg(p, "b", kind="file", help="cell file of side b")
+    path_arg(p, "--out", kind="out", required=True, help="pair Parquet file to write")
     p.add_argument("--pair-id", help="pair id (model/benchmark/axis/a_vs_b/context), as the pipeline names it")
     p.set_defaults(func=cmd_compare)
 
 
 def _run_commands(sub) -> None:
     """The commands people call on a config or a run."""
+    from .cost_model import GPU_BANDWIDTH_GBS, GPU_TFLOPS
+
     p = sub.add_parser("plan", help="list the cells, pairs and probe jobs a config defines (--cost: what they cost)")
     _config_args(p)
     p.add_argument("--cost", action="store_true",
                    help="per rule, per cell and in total: jobs, prompts, generated tokens, token positions, weight "
                         "bytes read and device hours (docs/internals.md says which figures are bounds)")
-    p.add_argument("--root", help="the working directory whose prompt checks and prepared models to read (default: .)")
+    path_arg(p, "--root", kind="outdir",
+              help="the working directory whose prompt checks and prepared models to read (default: .)")
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
                    help="gpu: roofline and per-step overhead (default); cpu: time the study's own models on this "
                         "machine first (a short calibration) and price every job in CPU-hours")
-    p.add_argument("--bandwidth-gbs", type=float, default=2000.0, help="GPU memory bandwidth, GB/s (default 2000)")
-    p.add_argument("--tflops", type=float, default=150.0,
+    p.add_argument("--bandwidth-gbs", type=number(*GPU_BANDWIDTH_GBS, "GB/s"), default=2000.0,
+                   help="GPU memory bandwidth, GB/s (default 2000)")
+    p.add_argument("--tflops", type=number(*GPU_TFLOPS, "TFLOP/s"), default=150.0,
                    help="16-bit matrix throughput reached, TFLOP/s (default 150; fp32 at an eighth)")
-    p.add_argument("--calibration", metavar="FILE",
-                   help="the GPU's per-step overhead: a GPU check's gpu-check.json (perf/gpu.sh), or JSON "
-                        "{\"overhead_per_layer_ms\": {\"1\": 1.0, \"8\": 1.1}}")
-    p.add_argument("--prompt-tokens", type=_length_arg, nargs="+", action="append", metavar="BENCHMARK=N",
+    path_arg(p, "--calibration", kind="calibration", metavar="FILE",
+              help="the GPU's per-step overhead: a GPU check's gpu-check.json (perf/gpu.sh), or JSON "
+                   "{\"overhead_per_layer_ms\": {\"1\": 1.0, \"8\": 1.1}}")
+    p.add_argument("--prompt-tokens", type=length_arg, nargs="+", action="append", metavar="BENCHMARK=N",
                    help="the prompt length to assume for a benchmark whose data is on the hub "
                         "(`--prompt-tokens gsm8k=910 mbpp=601`, or the option repeated)")
     p.add_argument("--json", action="store_true", help="with --cost: the figures as JSON")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("run-cell", help="run one cell of a config (no Snakemake), preparing its model if needed")
-    p.add_argument("--config", required=True, help="config YAML file")
+    path_arg(p, "--config", kind="config", required=True, help="config YAML file")
     p.add_argument("--cell", required=True, help="cell id, e.g. smollm2-135m/arithmetic/bf16-on-bs1-greedy-none")
-    p.add_argument("--out", help="Parquet file to write (default: the pipeline's path under results/)")
-    p.add_argument("--models-dir", help="prepared models (default: resources/models)")
+    path_arg(p, "--out", kind="out", help="Parquet file to write (default: the pipeline's path under results/)")
+    path_arg(p, "--models-dir", kind="outdir", help="prepared models (default: resources/models)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run_cell)
 
@@ -346,13 +341,13 @@ def _run_commands(sub) -> None:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("digest", help="print the token-stream sha256 of cell files (recomputed from the data)")
-    p.add_argument("cells", nargs="+")
+    path_arg(p, "cells", kind="file", nargs="+", help="cell Parquet files")
     p.set_defaults(func=cmd_digest)
 
     p = sub.add_parser("diff-runs", help="which cells of two run directories are bitwise identical, "
                                          "and where the others first differ (exit 3 if any differ)")
-    p.add_argument("run_a", help="results/<run> directory (e.g. from a workstation)")
-    p.add_argument("run_b", help="results/<run> directory (e.g. from a cluster)")
+    path_arg(p, "run_a", kind="dir", help="results/<run> directory (e.g. from a workstation)")
+    path_arg(p, "run_b", kind="dir", help="results/<run> directory (e.g. from a cluster)")
     p.set_defaults(func=cmd_diff_runs)
 
 
@@ -375,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     from .benchmarks import BenchmarkError
     from .compare import ComparabilityError
     from .config import ConfigError
+    from .cost_model import CostInputError
     from .jobs import JobSpecError
     from .models import ModelError
     from .runtime import PromptFormatError
@@ -382,10 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     from .summary import ResultError
 
     try:
+        check_paths(args)
         args.func(args)
     except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
-            ResultError, PromptFormatError) as exc:
+            ResultError, PromptFormatError, InputError, CostInputError) as exc:
         print(f"tokenflip {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback
+        where = f"{shown(exc.filename)}: " if exc.filename is not None else ""
+        print(f"tokenflip {args.command}: error: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
         return 1
     return 0
 

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
-from . import bounds, engines, plan_checks
+from . import bounds, engines, hub_check, plan_checks
 from .axes import AXES, GRID_DEFAULTS, ON_OFF_AXES, REQUIRED_AXES, axis_value, grid_schema
 from .registry import kinds_schema
 from .literals import literal_problems
@@ -325,6 +325,7 @@ def _semantic_problems(config: dict[str, Any]):
                        f"cells differ only in {comp['axis']!r} (put both values in one grid, with the same "
                        f"other axis values)")
         yield from plan_checks.same_setting_problems(config, cells)
+    yield from hub_check.id_problems(config)
 
 
 def _probe_form_problems(config: dict[str, Any]):

@@ -23,9 +23,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .cost_model import (BYTES, CostInputError, Device, expected_steps, generation_seconds, gpu_overhead_from,
-                         probe_seconds)
+from .cost_model import (BYTES, MAX_PROMPT_TOKENS, CostInputError, Device, check_figures, check_gpu,
+                         expected_steps, generation_seconds, gpu_overhead_from, probe_seconds)
 from .engines import TRANSFORMERS
+from .inputs import shown
 from .model_size import ModelSize, model_size
 
 CHARS_PER_TOKEN = 4
@@ -204,14 +205,28 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
             "device": _describe(device)}
 
 
+def check_prompt_tokens(config: dict[str, Any], prompt_tokens: dict[str, float]) -> None:
+    """`CostInputError` unless every `--prompt-tokens` names a benchmark of the config and a
+    finite number of tokens from 1 to MAX_PROMPT_TOKENS."""
+    unknown = sorted(set(prompt_tokens) - set(config["benchmarks"]))
+    if unknown:
+        raise CostInputError(f"--prompt-tokens names benchmarks the config does not define: "
+                             f"[{', '.join(shown(name, 40) for name in unknown[:10])}]")
+    for name, tokens in prompt_tokens.items():
+        if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not math.isfinite(tokens) \
+                or not 1 <= tokens <= MAX_PROMPT_TOKENS:
+            raise CostInputError(f"--prompt-tokens {name}={tokens!r}: expected a finite number of tokens from 1 to "
+                                 f"{MAX_PROMPT_TOKENS:g}")
+
+
 def price(config: dict[str, Any], device_kind: str = "gpu", bandwidth_gbs: float = 2000.0, tflops: float = 150.0,
           calibration: str | None = None, root: str | None = None,
           prompt_tokens: dict[str, float] | None = None) -> dict[str, Any]:
     """`plan --cost`: the device (a GPU, its overhead from `calibration`, or this CPU
-    calibrated now), then `study_cost`."""
-    unknown = sorted(set(prompt_tokens or {}) - set(config["benchmarks"]))
-    if unknown:
-        raise CostInputError(f"--prompt-tokens names benchmarks the config does not define: {unknown}")
+    calibrated now), then `study_cost`. Every input is checked first and every figure last
+    (`check_figures`): none comes out negative, NaN or infinite."""
+    check_prompt_tokens(config, prompt_tokens or {})
+    check_gpu(bandwidth_gbs, tflops)
     device = Device(bandwidth_gbs, tflops)
     if calibration:
         device.overhead_per_layer, device.overhead_source = gpu_overhead_from(calibration)
@@ -221,7 +236,9 @@ def price(config: dict[str, Any], device_kind: str = "gpu", bandwidth_gbs: float
 
         cells = [cell for cell in expand_cells(config) if cell.engine == TRANSFORMERS]  # other engines: not priced
         device.cpu = calibrate(config, cells, probe_targets(config), root=root)
-    return study_cost(config, device, root=root, prompt_tokens=prompt_tokens)
+    cost = study_cost(config, device, root=root, prompt_tokens=prompt_tokens)
+    check_figures(cost)
+    return cost
 
 
 def _describe(device: Device) -> dict[str, Any]:

@@ -18,10 +18,12 @@ chunked prefill) and the attention kernel are priced as the default cache and ke
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .inputs import shown
 from .model_size import ModelSize
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -196,31 +198,120 @@ class CalibrationFileError(CostInputError):
     """A calibration file that does not say what a step costs."""
 
 
+# What a GPU may be described as (`plan --cost --bandwidth-gbs/--tflops`): from slower than
+# any GPU's memory and matrix units to far beyond the fastest. Within them every time is a
+# finite positive number of seconds (0, NaN or 1e-300 would make it infinite or NaN).
+GPU_BANDWIDTH_GBS = (1.0, 1e6)
+GPU_TFLOPS = (1e-3, 1e6)
+# The longest prompt `--prompt-tokens` may assume, tokens: more than any model's context.
+MAX_PROMPT_TOKENS = 10**7
+# A calibration's per-layer step overhead, milliseconds: eager steps take about 1 ms a layer;
+# a second a layer is no GPU's, and larger figures would be priced as if real.
+OVERHEAD_PER_LAYER_MS = (1e-6, 1e3)
+# Batch sizes a calibration may give an overhead for.
+CALIBRATION_BATCH_SIZES = (1, 2**16)
+# The most a calibration file holds: a GPU check's gpu-check.json is tens of kB.
+MAX_CALIBRATION_BYTES = 2**20
+
+
+def check_gpu(bandwidth_gbs: Any, tflops: Any) -> None:
+    """`CostInputError` unless both are finite numbers within GPU_BANDWIDTH_GBS and GPU_TFLOPS."""
+    for flag, value, (low, high), unit in (("--bandwidth-gbs", bandwidth_gbs, GPU_BANDWIDTH_GBS, "GB/s"),
+                                           ("--tflops", tflops, GPU_TFLOPS, "TFLOP/s")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not low <= value <= high:
+            raise CostInputError(f"{flag} {value!r}: expected a finite number from {low:g} to {high:g} {unit}")
+
+
+def _in_range(value: Any, low: float, high: float) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and low <= value <= high
+
+
+def _batch_size(where: str, text: Any) -> int:
+    """A calibration's batch size, "8" (a key of the JSON), checked."""
+    low, high = CALIBRATION_BATCH_SIZES
+    if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 6 and low <= int(text) <= high:
+        return int(text)
+    raise CalibrationFileError(f"{where}: batch size {shown(text, 40)} is not a whole number from {low} to {high}")
+
+
+def _overhead_ms(where: str, ms: Any) -> float:
+    """A per-layer overhead in milliseconds, checked against OVERHEAD_PER_LAYER_MS."""
+    if not _in_range(ms, *OVERHEAD_PER_LAYER_MS):
+        raise CalibrationFileError(f"{where}: {shown(json.dumps(ms), 40)} is not a number of milliseconds from "
+                                   f"{OVERHEAD_PER_LAYER_MS[0]:g} to {OVERHEAD_PER_LAYER_MS[1]:g} a layer")
+    return float(ms)
+
+
+FILE_FORMS = 'a GPU check\'s gpu-check.json or {"overhead_per_layer_ms": {"1": 1.0, "8": 1.1}}'
+
+
 def gpu_overhead_from(path: str) -> tuple[dict[int, float], str]:
     """The per-layer step overhead by batch size from a saved file: the GPU check's
     `gpu-check.json` (perf/gpu.sh: its decode_vs_generate figures at batch sizes 1 and 8 on a
     7B-width model of `layers` layers; the measured step includes reading its weights, so
-    the overhead taken from it is an upper bound) or `{"overhead_per_layer_ms": {"1": 1.0}}`."""
-    import json
+    the overhead taken from it is an upper bound) or `{"overhead_per_layer_ms": {"1": 1.0}}`.
+    The file is checked before it is read (a regular file of at most 1 MiB, JSON of finite
+    numbers and bounded nesting: `inputs.read_json_file`) and every figure taken from it is
+    within OVERHEAD_PER_LAYER_MS, so that every time priced from it is finite and positive."""
+    from .inputs import InputError, read_json_file
 
+    where = f"--calibration {path}"
     try:
-        data = json.loads(open(path).read())
-    except (OSError, ValueError) as exc:
-        raise CalibrationFileError(f"--calibration {path}: cannot read it as JSON ({exc})") from None
+        data = read_json_file(path, "--calibration", MAX_CALIBRATION_BYTES)
+    except InputError as exc:
+        raise CalibrationFileError(f"{exc}; expected {FILE_FORMS}") from None
+    if not isinstance(data, dict):
+        raise CalibrationFileError(f"{where}: a JSON {type(data).__name__}, not an object; expected {FILE_FORMS}")
     if "overhead_per_layer_ms" in data:
-        try:
-            table = {int(b): float(ms) / 1e3 for b, ms in data["overhead_per_layer_ms"].items()}
-        except (AttributeError, TypeError, ValueError):
-            raise CalibrationFileError(f"--calibration {path}: overhead_per_layer_ms must map batch sizes to milliseconds, "
-                                       f"e.g. {{\"1\": 1.0, \"8\": 1.1}}") from None
-        return table, str(data.get("source", path))
+        table = data["overhead_per_layer_ms"]
+        if not isinstance(table, dict) or not table:
+            raise CalibrationFileError(f"{where}: overhead_per_layer_ms must map batch sizes to milliseconds, "
+                                       f"e.g. {{\"1\": 1.0, \"8\": 1.1}}")
+        key = f"{where}: overhead_per_layer_ms"
+        source = data.get("source")
+        return ({_batch_size(key, b): _overhead_ms(f"{key}.{b}", ms) / 1e3 for b, ms in table.items()},
+                source[:200] if isinstance(source, str) else str(path))
     try:
         perf = data["parts"]["perf"]
         figures = next(c["figures"] for c in perf["checks"] if c["name"] == "decode_vs_generate")
-        layers = int(perf["layers"])
-        table = {int(bs[2:]): int(bs[2:]) / float(f["tok_s_wall"]["decode"]) / layers for bs, f in figures.items()}
-    except (KeyError, StopIteration, TypeError, ValueError, ZeroDivisionError):
-        raise CalibrationFileError(f"--calibration {path}: neither overhead_per_layer_ms nor a GPU check's "
+        layers = perf["layers"]
+        decode = {bs: f["tok_s_wall"]["decode"] for bs, f in figures.items()}
+        if not decode:
+            raise KeyError("bs1")
+    except (KeyError, StopIteration, TypeError, AttributeError):
+        raise CalibrationFileError(f"{where}: neither overhead_per_layer_ms nor a GPU check's "
                                    f"parts.perf decode_vs_generate figures with their layers") from None
-    gpu = data.get("environment", {}).get("gpu", {}).get("name", "a GPU")
-    return table, f"measured by the GPU check on {gpu} ({path})"
+    if not (isinstance(layers, int) and not isinstance(layers, bool) and 1 <= layers <= 10_000):
+        raise CalibrationFileError(f"{where}: parts.perf.layers: {shown(json.dumps(layers), 40)} is not a number of "
+                                   f"layers from 1 to 10000")
+    table = {}
+    for bs, tok_s in decode.items():
+        key = f"{where}: decode_vs_generate.figures.{bs}"
+        rows = _batch_size(key, bs.removeprefix("bs") if bs.startswith("bs") else bs)
+        if not _in_range(tok_s, 1e-9, 1e15):
+            raise CalibrationFileError(f"{key}.tok_s_wall.decode: {shown(json.dumps(tok_s), 40)} is not a positive "
+                                       f"finite number of tokens a second")
+        table[rows] = _overhead_ms(f"{key} (N / tok_s_wall.decode / layers)", rows / tok_s / layers * 1e3) / 1e3
+    environment = data.get("environment")
+    gpu = environment.get("gpu") if isinstance(environment, dict) else None
+    name = gpu.get("name") if isinstance(gpu, dict) else None
+    return table, f"measured by the GPU check on {name[:80] if isinstance(name, str) else 'a GPU'} ({path})"
+
+
+def check_figures(cost: Any, where: str = "") -> None:
+    """`CostInputError` at the first figure of a priced study that is negative, NaN or
+    infinite (an input beyond what is checked, such as a prepared model's config.json with a
+    negative size): such a figure is refused, never printed."""
+    stack = [(where, cost)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{key}.{i}", v) for i, v in enumerate(value))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                (not math.isfinite(value) or value < 0):
+            raise CostInputError(f"the figure {key} came out as {value!r}, which no cost can be: an input "
+                                 f"(a model's configuration, a prompt length) is out of range; nothing is printed")

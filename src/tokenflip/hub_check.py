@@ -5,13 +5,63 @@ cached copy, when its repository is gated and there is no token (or its licence 
 accepted), or when its revision does not exist. Each of these can be known before any job
 runs, from the hub's metadata or the local cache alone; the message names the model, the
 cause and the fix. Models already prepared under resources/models/ are not checked: no job
-reaches the hub for them (what compute nodes without network rely on).
+reaches the hub for them (what compute nodes without network rely on). Before any of that,
+an id is checked against the hub's own rules (`id_problems`, part of config validation): a
+path, a URL or a flag is no repository, and would otherwise plan and then fail as a hub that
+cannot be reached.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from .inputs import shown
+
+
+def is_local_dir(model_id: str) -> bool:
+    """Whether an `hf` model's id names a local directory (a checkpoint on disk) rather
+    than a hub repository; False for a name no directory can have (too long, a NUL)."""
+    try:
+        return Path(model_id).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def hub_id_problem(repo_id: str) -> str | None:
+    """Why `repo_id` cannot name a Hugging Face repository, by the hub's own rules
+    (`huggingface_hub.utils.validate_repo_id`: `name` or `namespace/name`, at most 96
+    characters of letters, digits, '-', '_' and '.', no '--' or '..', not ending in '.git');
+    None where it can. A path, a URL, a flag or an id too long is refused before any job
+    (it would plan, then fail as "the hub cannot be reached" or with "File name too long")."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        rule = str(exc).replace(f": '{repo_id}'", "").replace(" Use `repo_type` argument if needed.", "")
+        return f"{shown(repo_id)} is not an id the Hugging Face hub can have ({' '.join(rule.split())})"
+    return None
+
+
+def id_problem(model_id: str) -> str | None:
+    """Why an `hf` model's id can be neither a local directory nor a hub repository
+    (`hub_id_problem`); None where it can be one."""
+    if is_local_dir(model_id):
+        return None
+    why = hub_id_problem(model_id)
+    return f"{why}, nor a local directory; give `namespace/name` as the hub shows it, or an existing directory" \
+        if why else None
+
+
+def id_problems(config: dict[str, Any]):
+    """`models.NAME.id: why` for every `hf` model of a config whose id can be neither a
+    local directory nor a hub repository."""
+    for name, spec in config["models"].items():
+        if spec.get("source") == "hf" and (why := id_problem(spec["id"])):
+            yield f"models.{name}.id: {why}"
+
 
 PREPARE_ON_A_LOGIN_NODE = ("on a machine with network (a login node), run `snakemake --until prepare_model "
                            "--cores 1 --configfile <config>` in this directory: it prepares every model into "
@@ -77,7 +127,7 @@ def hub_problems(config: dict[str, Any], models_dir: str | Path = "resources/mod
     """One message per hub model of the config that could not be prepared here."""
     problems = []
     for name, spec in config["models"].items():
-        if spec.get("source") != "hf" or Path(spec["id"]).is_dir():
+        if spec.get("source") != "hf" or is_local_dir(spec["id"]):
             continue
         if (Path(models_dir) / name / "model.json").is_file():
             continue

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..hub_check import hub_id_problem
 from ..literals import literal_problems
 from .errors import BenchmarkError
 
@@ -105,6 +106,8 @@ def parse_source(where: str, spec: Any, default: Source) -> Source:
     hub = spec.get("hub", default.hub)
     if not hub:
         raise BenchmarkError(f"{where}: a hub source needs 'hub' (a dataset id)")
+    if why := hub_id_problem(hub):
+        raise BenchmarkError(f"{where}: source.hub: {why}")
     same = hub == default.hub
     return Source(
         hub=hub,

@@ -13,6 +13,7 @@ import pandas as pd
 from .. import paper, storage
 from .common import AXIS_WORDS, KV_DTYPE_WORDS, in_words, value_words, _fmt, _pct, _read_optional
 from .diverged import diverged_view, outcome, visible
+from .exports import visible_controls, write_csv
 from .figures import (
     batch_figure, drift_figure, first_divergence_figure, flip_kl_figure, form_kl_figure, intervention_figure,
     kl_figure, lens_figure, margin_figure, patching_figure, precision_drift_figure)
@@ -26,6 +27,7 @@ _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("tokenflip", "templates"),
     autoescape=jinja2.select_autoescape(["html", "j2"]),
     undefined=jinja2.StrictUndefined,
+    finalize=visible_controls,  # every printed value: bidi and control characters shown as ⟨U+XXXX⟩
 )
 _TEMPLATES.filters["fmt"] = _fmt
 _TEMPLATES.filters["pct"] = _pct
@@ -145,8 +147,9 @@ def _table_files(context: dict[str, Any]) -> dict[str, str]:
 
 
 def write_tables(context: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """Write each table the report shows as CSV into `out_dir`; a table the report does
-    not show (no rows) has no file, and a stale CSV from an earlier render is removed."""
+    """Write each table the report shows as CSV into `out_dir` (`exports.write_csv`: text
+    that a spreadsheet would run as a formula is neutralised); a table the report does not
+    show (no rows) has no file, and a stale CSV from an earlier render is removed."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -158,9 +161,7 @@ def write_tables(context: dict[str, Any], out_dir: str | Path) -> list[Path]:
         if not isinstance(rows, (list, pd.DataFrame)) or not len(rows):
             path.unlink(missing_ok=True)
             continue
-        with storage.atomic_path(path) as tmp:
-            (rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)).to_csv(tmp, index=False)
-        written.append(path)
+        written.append(write_csv(rows, path))
     for stale in out_dir.glob("*.csv"):
         if stale not in written:
             stale.unlink()
