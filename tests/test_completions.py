@@ -107,8 +107,11 @@ def test_settings_read_in_words():
     assert page.pair_words("kv_dtype", "default", "fp8_e5m2") == (
         "KV cache kept in the compute precision vs KV cache stored in FP8 E5M2 (kv_dtype)")
     assert page.pair_words("prefill_chunk", "default", "16").endswith("prompt prefilled 16 tokens at a time (prefill_chunk)")
-    assert page.pair_words("intervention", "none", "C_gated", gated) == (
+    assert page.pair_words("intervention", "none", "C_gated", {"none": {"kind": "none"}, **gated}) == (
         "no intervention vs C_gated (the LM head recomputed in fp32, gated by margin < 0.001) (intervention)")
+    # No intervention is known by its kind, whatever the config calls it.
+    assert page.pair_words("intervention", "baseline", "C_gated", {"baseline": {"kind": "none"}, **gated}).startswith(
+        "no intervention vs C_gated")
     assert page.pair_words("batch_size", 1, 4) == "batch size 1 vs 4"
     assert common.in_words({"precision": "fp32", "cache": "on", "kv_dtype": "fp8_e4m3"}) == (
         "fp32, cache on, KV cache stored in FP8 E4M3")
