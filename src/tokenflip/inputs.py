@@ -78,14 +78,20 @@ def _kind(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
 
 
-def check_input_file(path: str | os.PathLike, where: str = "", max_bytes: int | None = None) -> Path:
-    """`path` as a Path if it is a regular file (of at most `max_bytes`); else `InputError`."""
+def _existing(path: str | os.PathLike, where: str, is_kind, missing: str, noun: str) -> tuple[Path, os.stat_result]:
+    """`path` and its stat if it exists and `is_kind(mode)`; else `InputError` saying which."""
     path = _path(path, where)
     st = _stat(path, where)
     if st is None:
-        raise InputError(f"{_label(where, path)}: file not found")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{_label(where, path)}: {_kind(st.st_mode)}, not a file")
+        raise InputError(f"{_label(where, path)}: {missing}")
+    if not is_kind(st.st_mode):
+        raise InputError(f"{_label(where, path)}: {_kind(st.st_mode)}, not a {noun}")
+    return path, st
+
+
+def check_input_file(path: str | os.PathLike, where: str = "", max_bytes: int | None = None) -> Path:
+    """`path` as a Path if it is a regular file (of at most `max_bytes`); else `InputError`."""
+    path, st = _existing(path, where, stat.S_ISREG, "file not found", "file")
     if max_bytes is not None and st.st_size > max_bytes:
         raise InputError(f"{_label(where, path)}: {st.st_size:,} bytes, more than the {max_bytes:,} such a file "
                          f"can need")
@@ -94,13 +100,7 @@ def check_input_file(path: str | os.PathLike, where: str = "", max_bytes: int | 
 
 def check_input_dir(path: str | os.PathLike, where: str = "") -> Path:
     """`path` as a Path if it is an existing directory; else `InputError`."""
-    path = _path(path, where)
-    st = _stat(path, where)
-    if st is None:
-        raise InputError(f"{_label(where, path)}: no such directory")
-    if not stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{_label(where, path)}: {_kind(st.st_mode)}, not a directory")
-    return path
+    return _existing(path, where, stat.S_ISDIR, "no such directory", "directory")[0]
 
 
 def check_output(path: str | os.PathLike, where: str = "", directory: bool = False) -> Path:
