@@ -101,7 +101,7 @@ AXES_LIST: tuple[Axis, ...] = (
          example="gated"),
     Axis("attention", _enum("default", "eager", "sdpa", "flash_attention_2"), "attention kernel",
          description="attention implementation (transformers attn_implementation); default = the library's choice",
-         default="default", provenance=("engine.attn_implementation",),
+         default="default",
          proof=Proof("engine.attn_implementation", lambda job, rec: _unless_default(job.cell.attention, str)),
          example="eager"),
     Axis("threads", _int_or_default(1024), "CPU threads",

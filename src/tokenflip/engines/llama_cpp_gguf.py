@@ -55,10 +55,8 @@ class LlamaCppEngine(Engine):
         "batch_invariant": "batch-invariant kernels are vLLM's (VLLM_BATCH_INVARIANT)",
         "tensor_parallel": "the llama-cpp-python build runs on the CPU",
     }
-    # Another engine reads the same model's GGUF (its weights recorded as such); its KV
-    # cache type follows the precision, and its threads are its own.
-    axis_provenance = {"precision": ("engine.kv_cache_type",), "threads": ("engine.n_threads",),
-                       "cache": ("engine.use_cache",)}
+    # What its precision, threads and cache change (KV cache type, n_threads, use_cache) are
+    # the records that prove them, which `compare` lets differ on their axis already.
 
     def unavailable(self) -> str | None:
         try:

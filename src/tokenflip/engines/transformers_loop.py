@@ -28,8 +28,8 @@ class Transformers(Engine):
                "engine")
     # The dtype the loaded model computes in (fp32 for the interventions that load fp32 weights).
     proofs = {"precision": Proof("engine.dtype", _loaded_dtype)}
-    axis_provenance = {"precision": ("engine.dtype",), "intervention": ("engine.dtype", "engine.intervention"),
-                       "cache": ("engine.use_cache",)}
+    # Beyond each axis's proof: an fp32-weights intervention changes the loaded dtype too.
+    axis_provenance = {"intervention": ("engine.dtype",)}
     why = {
         "concurrency": "requests in flight are a serving engine's scheduler setting; tokenflip's decode loop runs "
                        "fixed batches (use batch_size)",

@@ -160,7 +160,6 @@ class Vllm(Engine):
     axis_provenance = {axis: ("engine.args", "engine.env", "engine.prefix_cache", "environment.device")
                        for axis in ("concurrency", "prefix_cache", "prefill_chunk", "kv_dtype", "compile",
                                     "batch_invariant", "tensor_parallel", "threads")}
-    axis_provenance["precision"] = ("engine.args.dtype",)
     axis_provenance["decoding"] = ("engine.sampling",)
 
     def unavailable(self) -> str | None:
