@@ -153,18 +153,37 @@ AXES_LIST: tuple[Axis, ...] = (
          proof=Proof("cache_form.compiled", lambda job, rec: job.cell.compile == "on"), example="on"),
     Axis("engine", {"description": "filled in from tokenflip.engines.ENGINES"}, "inference engine",
          description="the inference engine: transformers (tokenflip's decode loop), llama.cpp (the model's GGUF "
-                     "through llama-cpp-python) or vllm (vLLM's offline LLM API in its own environment)",
+                     "through llama-cpp-python), vllm (vLLM's offline LLM API in its own environment), or the "
+                     "name of a live OpenAI-compatible server under `endpoints`",
          default="transformers",
          # Another engine reads the same model's GGUF (its weights recorded as such), caches in
          # its own way, records its own version and build, and runs where it can.
          # Engines compute where their builds run (settings.device: llama.cpp on the CPU beside a
          # transformers cell on a GPU) and batch as they do (vLLM takes every prompt at once).
-         provenance=("engine", "model.weights", "cache_form", "environment.device", "settings.device", "observed"),
+         provenance=("engine", "model.weights", "cache_form", "environment.device", "settings.device", "observed",
+                     "settings.endpoint"),
          proof=Proof("engine.name", lambda job, rec: job.cell.engine), example="llama.cpp"),
     Axis("concurrency", _int_or_default(65536), "requests in flight",
          description="a serving engine's requests in flight (vLLM: max_num_seqs, every prompt submitted "
-                     "together); default = the engine's own",
+                     "together; a live endpoint: the requests tokenflip's client keeps in flight); "
+                     "default = the engine's own (an endpoint: one at a time)",
          default="default", example=8),
+    Axis("load", _label(), "background load",
+         description="a live endpoint's background load: a label under `loads` (other requests kept in flight "
+                     "while the cell's own run); none = no other requests from tokenflip",
+         default="none", provenance=("settings.load",),
+         proof=Proof("traffic.background.most_in_flight", lambda job, rec: (job.load or {}).get("requests", 0)),
+         example="busy"),
+    Axis("order", _enum("given", "reversed", "shuffled"), "request order",
+         description="the order a live endpoint's requests are sent in: the benchmark's, reversed, or shuffled "
+                     "with the run's seed (what a request's neighbours and the server's history are)",
+         default="given",
+         proof=Proof("traffic.order", lambda job, rec: job.cell.order), example="reversed"),
+    Axis("logprobs", _enum("on", "off"), "logprobs requested",
+         description="whether a live endpoint is asked for each step's top-k logprobs (off: text and ids only, "
+                     "the observer effect)",
+         default="on", on_off=True, provenance=("engine.scores",),
+         proof=Proof("engine.logprobs_returned", lambda job, rec: job.cell.logprobs == "on"), example="off"),
     Axis("batch_invariant", _enum("off", "on"), "batch-invariant kernels",
          description="vLLM: on = VLLM_BATCH_INVARIANT=1 (batch-invariant kernels; CUDA only)",
          default="off", on_off=True, example="on"),

@@ -30,7 +30,7 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
     cell = job.cell
     runtime.prepare_process(job.run_seed, job.threads, cell.deterministic)
     bench = build_benchmark(cell.benchmark, job.benchmark)
-    engine = engines.engine(cell.engine)
+    engine = engines.engine(cell.engine, {"endpoints": {cell.engine: job.endpoint}} if job.endpoint else None)
     decoded = engine.decode(job, bench, model_dir, progress)
     rows = score_batches(job, bench, decoded.batches, decoded.tokenizer)
     record = {**decoded.record, "environment": provenance.environment(decoded.device),

@@ -20,7 +20,7 @@ from .jobs import Pair
 
 # Provenance fields that legitimately differ between two cells of one run.
 _FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "table_sha256", "wall_seconds", "cpu_seconds",
-                "generated_tokens", "schema_version", "engine_timing"}
+                "generated_tokens", "schema_version", "engine_timing", "traffic", "findings"}
 
 
 # A code sample's verdicts (the other kinds' are correct, wrong and no_answer).
@@ -87,8 +87,15 @@ def _steps(col: pa.ChunkedArray, i: int, k: int) -> np.ndarray:
     return values.reshape(-1, k)
 
 
-def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
-    """Per-prompt comparison of two cell tables (rows matched by prompt id)."""
+def scores_of(meta: dict) -> str:
+    """What a cell's top-k scores are: raw logits (every local engine), or what a live
+    endpoint's cell recorded (logprobs, raw_logits, none)."""
+    return str((meta.get("engine") or {}).get("scores", "raw_logits"))
+
+
+def compare_tables(a: pa.Table, b: pa.Table, k: int, logits: bool = True) -> pa.Table:
+    """Per-prompt comparison of two cell tables (rows matched by prompt id); `logits`: the
+    two cells' scores are of one kind (else their differences are not computed)."""
     index_b = {pid: i for i, pid in enumerate(b.column("prompt_id").to_pylist())}
     rows: dict[str, list] = {name: [] for name in (
         "prompt_id", "identical", "first_div_step", "steps_compared", "steps_logit_diff", "n_tokens_a", "n_tokens_b",
@@ -111,7 +118,8 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
         # logits are comparable; after it the two runs condition on different tokens.
         shared = n if first_div is None else min(first_div + 1, n)
         delta = _shared_topk_max_delta(_steps(ids_a_col, i, k)[:shared], _steps(logit_a_col, i, k)[:shared],
-                                       _steps(ids_b_col, j, k)[:shared], _steps(logit_b_col, j, k)[:shared])
+                                       _steps(ids_b_col, j, k)[:shared], _steps(logit_b_col, j, k)[:shared]) \
+            if logits else np.full(shared, np.nan)
         before = delta if first_div is None else delta[:first_div]
         max_before = float(np.nanmax(before)) if before.size and not np.all(np.isnan(before)) else 0.0
         at_div = first_div is not None and first_div < n
@@ -122,11 +130,11 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int) -> pa.Table:
         rows["identical"].append(identical)
         rows["first_div_step"].append(first_div)
         rows["steps_compared"].append(shared)
-        rows["steps_logit_diff"].append(int(np.sum(np.nan_to_num(before) > 0)))
+        rows["steps_logit_diff"].append(int(np.sum(np.nan_to_num(before) > 0)) if logits else None)
         rows["n_tokens_a"].append(len(tok_a))
         rows["n_tokens_b"].append(len(tok_b))
-        rows["logit_diff_before_div"].append(max_before > 0)
-        rows["max_abs_dlogit_before_div"].append(max_before)
+        rows["logit_diff_before_div"].append(max_before > 0 if logits else None)
+        rows["max_abs_dlogit_before_div"].append(max_before if logits else None)
         rows["dlogit_at_div"].append(float(delta[first_div]) if at_div else None)
         rows["margin_a_at_div"].append(float(margin_a[first_div]) if at_div else None)
         rows["margin_b_at_div"].append(float(margin_b[first_div]) if at_div else None)
@@ -169,18 +177,21 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
     acc_a = df.loc[scored, "correct_a"].astype(bool)
     acc_b = df.loc[scored, "correct_b"].astype(bool)
     n_scored = int(scored.sum())
-    nonequiv = int(df["logit_diff_before_div"].sum())
+    # Logit figures only where the two cells' scores were of one kind (else the column is null).
+    logits = bool(df["logit_diff_before_div"].notna().any())
+    nonequiv = int(df["logit_diff_before_div"].fillna(False).astype(bool).sum())
     return {
         "n_prompts": n,
         "n_diverged": diverged,
         "divergence_rate": diverged / n if n else float("nan"),
         "divergence_ci_low": lo,
         "divergence_ci_high": hi,
-        "n_logit_diff_before_div": nonequiv,
-        "logit_diff_rate": nonequiv / n if n else float("nan"),
+        "n_logit_diff_before_div": nonequiv if logits else float("nan"),
+        "logit_diff_rate": nonequiv / n if n and logits else float("nan"),
         "step_logit_diff_rate": _ratio(df["steps_logit_diff"].sum(),
-                                       (df["first_div_step"].fillna(df["steps_compared"])).sum()),
-        "max_abs_dlogit": float(df["max_abs_dlogit_before_div"].max()) if n else float("nan"),
+                                       (df["first_div_step"].fillna(df["steps_compared"])).sum())
+        if logits else float("nan"),
+        "max_abs_dlogit": float(df["max_abs_dlogit_before_div"].max()) if n and logits else float("nan"),
         "mean_first_div_step": float(first.mean()) if len(first) else float("nan"),
         "median_first_div_step": float(first.median()) if len(first) else float("nan"),
         "n_scored": n_scored,
@@ -230,7 +241,12 @@ def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: 
                                      f"expects {cell.id!r} there")
     check_comparable(meta_a, meta_b, pair.axis, path_a, path_b)
     k = int(meta_a["settings"]["record_top_k"])
-    per_prompt = compare_tables(table_a, table_b, k)
+    kinds = scores_of(meta_a), scores_of(meta_b)
+    # A logprob is never compared with a logit: logit differences only between two cells
+    # whose scores are of one kind; margins (the same in both where nothing acts on them
+    # between the model and the report) and tokens always.
+    same_kind = kinds[0] == kinds[1] != "none"
+    per_prompt = compare_tables(table_a, table_b, k, logits=same_kind)
     summary = summarize(per_prompt)
     metadata = {
         "kind": "pair",
@@ -239,6 +255,7 @@ def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: 
         "cells": {"a": meta_a["cell_id"], "b": meta_b["cell_id"]},
         "digests": {"a": meta_a["token_stream_sha256"], "b": meta_b["token_stream_sha256"]},
         "machines": {side: m["environment"]["device"]["name"] for side, m in (("a", meta_a), ("b", meta_b))},
+        "scores": {"a": kinds[0], "b": kinds[1]},
         "summary": summary,
     }
     storage.write_table(per_prompt, out_path, metadata)

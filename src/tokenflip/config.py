@@ -112,7 +112,8 @@ def schema() -> dict[str, Any]:
     grid["required"] = list(REQUIRED_AXES)
     grid_axes = grid["properties"]
     grid_axes.update({name: grid_schema(name) for name in AXES})
-    grid_axes["engine"]["items"] = {"enum": list(engines.ENGINES)}
+    # An engine of the registry, or an endpoint of the config's own (checked in `_undefined_names`).
+    grid_axes["engine"]["items"] = {"$ref": "#/$defs/label"}
     # A comparison's sides take exactly what a grid takes for the axis (1 and "1" are not two
     # threads values: an integer axis refuses the string), so every value has one form.
     props["comparisons"]["items"]["allOf"] = [
@@ -272,6 +273,18 @@ def _undefined_names(config: dict[str, Any]):
             for name in grid.get(key, []):
                 if name not in config[key]:
                     yield f"grids.{i}.{key}: {name!r} is not defined under '{key}' (defined: {sorted(config[key])})"
+        for name in grid.get("engine", []):
+            if name not in engines.ENGINES and name not in config["endpoints"]:
+                yield (f"grids.{i}.engine: {name!r} is neither an engine ({', '.join(engines.ENGINES)}) nor "
+                       f"defined under 'endpoints' (defined: {sorted(config['endpoints'])})")
+        for label in grid.get("load", []):
+            if label != "none" and label not in config["loads"]:
+                yield f"grids.{i}.load: {label!r} is not defined under 'loads' (defined: {sorted(config['loads'])})"
+    for name in config["endpoints"]:
+        if name in engines.ENGINES:
+            yield f"endpoints.{name}: an endpoint cannot take the name of an engine ({', '.join(engines.ENGINES)})"
+    if "none" in config["loads"]:
+        yield "loads.none: 'none' is the load axis's word for no background load; name the load otherwise"
 
 
 def _semantic_problems(config: dict[str, Any]):

@@ -188,10 +188,18 @@ class CellJob:
     record_top_k: int
     device: str
     threads: int | None = None
+    # A live endpoint's entry (`endpoints.<name>`) and the background load the cell runs
+    # under (`loads.<label>`); absent from the JSON of every other cell, so that adding
+    # them changed no existing cell's job.
+    endpoint: dict | None = None
+    load: dict | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["cell"] = self.cell.as_dict()
+        for key in ("endpoint", "load"):
+            if d[key] is None:
+                del d[key]
         return d
 
     def dumps(self) -> str:
@@ -206,7 +214,9 @@ class CellJob:
                                   "max_new_tokens": (data["max_new_tokens"], int),
                                   "decoding": (data["decoding"], dict), "intervention": (data["intervention"], dict),
                                   "record_top_k": (data["record_top_k"], int), "device": (data["device"], str),
-                                  "threads": (data.get("threads"), (int, type(None)))})
+                                  "threads": (data.get("threads"), (int, type(None))),
+                                  "endpoint": (data.get("endpoint"), (dict, type(None))),
+                                  "load": (data.get("load"), (dict, type(None)))})
         return cls(**data)
 
 

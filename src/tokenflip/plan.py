@@ -80,8 +80,11 @@ def cell_job(config: dict[str, Any], cell: Cell) -> CellJob:
         # The cell's own device and threads where it names them, else the run's: the value
         # the cell's name states is the one its engine computes with (and records); the
         # device as the engine resolves it (llama.cpp's build computes on the CPU).
-        device=engine(cell.engine).job_device(cell, generation["device"] if cell.device == "default" else cell.device),
+        device=engine(cell.engine, config).job_device(cell, generation["device"] if cell.device == "default"
+                                                      else cell.device),
         threads=generation["threads"] if cell.threads == "default" else int(cell.threads),
+        endpoint=config.get("endpoints", {}).get(cell.engine),
+        load=config.get("loads", {}).get(cell.load),
     )
 
 

@@ -48,7 +48,7 @@ def same_setting_problems(config: dict[str, Any], cells) -> Iterator[str]:
             continue
         seen = set()
         for pair in pairs_of_comparison(comp, cells):
-            engine = engines.engine(pair.a.engine)
+            engine = engines.engine(pair.a.engine, config)
             proof = engine.proof(axis) if axis in engine.honours else None
             if proof is None or engine.name in seen:
                 continue

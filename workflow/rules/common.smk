@@ -141,7 +141,7 @@ def generate_threads(wildcards):
     threads = cell_job(config, cell).threads if cell is not None else config["generation"]["threads"]
     if threads is None:
         threads = workflow.cores if job_device(wildcards) == "cuda" else 1
-    return engine_of(cell.engine).job_threads(cell, threads, workflow.cores) if cell is not None else threads
+    return engine_of(cell.engine, config).job_threads(cell, threads, workflow.cores) if cell is not None else threads
 
 
 def gpu_tokens(wildcards):

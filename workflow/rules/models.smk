@@ -8,8 +8,12 @@ onstart:
     from tokenflip.hub_check import hub_problems
 
     _problems = hub_problems(config, os.path.dirname(LAYOUT.model_dir("_")))
+    # Every endpoint with a cell still to make answers, and serves the model it names.
+    from tokenflip.engines.endpoint_server import endpoint_problems
+
+    _problems += endpoint_problems(config, [c for c in CELLS if not os.path.exists(LAYOUT.cell(c.id))])
     if _problems:
-        raise SystemExit("tokenflip: hub models that cannot be prepared here:\n  " + "\n  ".join(_problems))
+        raise SystemExit("tokenflip: models or endpoints that cannot be reached from here:\n  " + "\n  ".join(_problems))
 
 
 rule prepare_model:

@@ -11,7 +11,9 @@ wraps, so none shadows it.
   the engine probes replay);
 - `llama.cpp`: the model's GGUF file through llama-cpp-python;
 - `vllm`: the prepared model through vLLM's offline `LLM` API, in vLLM's own environment,
-  with its scheduler's knobs as axes.
+  with its scheduler's knobs as axes;
+- an endpoint: a live OpenAI-compatible server the config names under `endpoints`
+  (`openai_endpoint`), an engine made from its entry, under the load the cell's axes set.
 """
 
 from __future__ import annotations
@@ -20,22 +22,28 @@ from typing import Any, Iterator
 
 from .base import Decoded, Engine, grid_values
 from .llama_cpp_gguf import LLAMA_CPP, LLAMA_CPP_PACKAGE, LlamaCppEngine
+from .openai_endpoint import Endpoint
 from .transformers_loop import TRANSFORMERS, Transformers
 from .vllm_offline import VLLM, Vllm
 
 REGISTRY: dict[str, Engine] = {engine.name: engine for engine in (Transformers(), LlamaCppEngine(), Vllm())}
 ENGINES = tuple(REGISTRY)
 
-__all__ = ["ENGINES", "LLAMA_CPP", "LLAMA_CPP_PACKAGE", "REGISTRY", "TRANSFORMERS", "VLLM", "Decoded", "Engine",
+__all__ = ["ENGINES", "Endpoint", "LLAMA_CPP", "LLAMA_CPP_PACKAGE", "REGISTRY", "TRANSFORMERS", "VLLM", "Decoded", "Engine",
            "engine",
            "unavailable", "config_problems"]
 
 
-def engine(name: str) -> Engine:
-    try:
+def engine(name: str, config: dict[str, Any] | None = None) -> Engine:
+    """The engine a cell's `engine` value names: one of the registry, else the endpoint of
+    that name in `config` (its `endpoints` block)."""
+    if name in REGISTRY:
         return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r} (known: {', '.join(ENGINES)})") from None
+    endpoints = (config or {}).get("endpoints") or {}
+    if name in endpoints:
+        return Endpoint(name, endpoints[name])
+    raise ValueError(f"unknown engine {name!r} (engines: {', '.join(ENGINES)}; endpoints: "
+                     f"{', '.join(endpoints) or 'none defined'})")
 
 
 def unavailable(name: str) -> str | None:
@@ -49,7 +57,7 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
     for i, grid in enumerate(config["grids"]):
         where = f"grids.{i}"
         for name in dict.fromkeys(str(v) for v in grid_values(grid, "engine", defaults)):
-            eng = engine(name)
+            eng = engine(name, config)
             reason = eng.unavailable()
             if reason:
                 yield f"{where}: {reason}"
@@ -60,6 +68,7 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
 def axis_provenance(axis: str) -> tuple[str, ...]:
     """Provenance fields any engine's value of `axis` legitimately changes: those it declares,
     and the record that proves the axis ran (it holds the axis's own value)."""
-    declared = (field for eng in REGISTRY.values() for field in eng.axis_provenance.get(axis, ()))
-    proofs = (eng.proof(axis).field for eng in REGISTRY.values() if axis in eng.honours and eng.proof(axis))
+    kinds = (*REGISTRY.values(), Endpoint("", {}))
+    declared = (field for eng in kinds for field in eng.axis_provenance.get(axis, ()))
+    proofs = (eng.proof(axis).field for eng in kinds if axis in eng.honours and eng.proof(axis))
     return tuple(dict.fromkeys((*declared, *proofs)))
