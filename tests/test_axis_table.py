@@ -20,7 +20,7 @@ from conftest import REPO
 from tokenflip import config as cfg
 from tokenflip.axes import AXES, CORE_AXES, FURTHER_AXES, cell_name_pattern
 from tokenflip.cell import CellMismatch, check_ran_as_named
-from tokenflip.engines import REGISTRY
+from tokenflip.engines import REGISTRY, engine as engine_named
 from tokenflip.jobs import Cell
 from tokenflip.plan import cell_job, expand_cells, expand_pairs
 
@@ -33,13 +33,18 @@ STUDY = {
     "interventions": {"none": {"kind": "none"}, "gated": {"kind": "fp32_head", "tau": 0.001}},
     "grids": [{"precision": ["bf16"], "cache": ["on"], "batch_size": [1]}],
     "comparisons": [],
+    # A live endpoint is an engine made from its entry (no server is asked: validation only).
+    "endpoints": {"served": {"url": "http://127.0.0.1:9/v1", "model": "tiny", "server": "vllm"}},
+    "loads": {"busy": {"requests": 2}},
 }
 CONFIG = cfg.validate(copy.deepcopy(STUDY), source="axes.yaml", check_data=False)
+# Every engine of the registry, and an endpoint.
+ENGINES = {**REGISTRY, "served": engine_named("served", CONFIG)}
 PLAIN = Cell("tiny", "arith", "fp32", "on", 1, "greedy", "none")
 
 
 def _proved_axes() -> list[tuple[str, str]]:
-    return [(engine, axis) for engine, eng in REGISTRY.items() for axis in eng.honours
+    return [(engine, axis) for engine, eng in ENGINES.items() for axis in eng.honours
             if eng.proof(axis) is not None]
 
 
@@ -77,7 +82,7 @@ def _faithful_record(job, engine) -> dict:
 
 
 def test_every_axis_an_engine_honours_has_a_proof_or_says_why_none_can_exist():
-    for name, engine in REGISTRY.items():
+    for name, engine in ENGINES.items():
         unproved = [axis for axis in engine.honours if engine.proof(axis) is None and not AXES[axis].unprovable]
         assert not unproved, f"engine {name!r} honours {unproved} without a record that proves them"
         assert set(engine.honours) <= set(AXES), f"engine {name!r} honours axes that do not exist"
@@ -88,7 +93,7 @@ def test_every_axis_an_engine_honours_has_a_proof_or_says_why_none_can_exist():
 
 @pytest.mark.parametrize("engine_name,axis", _proved_axes(), ids=[f"{e}-{a}" for e, a in _proved_axes()])
 def test_a_record_that_says_otherwise_than_the_cell_name_fails_the_cell(engine_name, axis):
-    engine = REGISTRY[engine_name]
+    engine = ENGINES[engine_name]
     job = _job(engine_name, axis)
     record = _faithful_record(job, engine)
     check_ran_as_named(job, record, engine)  # what the job asks for is what ran: accepted
@@ -112,9 +117,9 @@ def test_a_record_that_says_otherwise_than_the_cell_name_fails_the_cell(engine_n
         check_ran_as_named(job, flat_missing, engine)
 
 
-@pytest.mark.parametrize("engine_name", list(REGISTRY))
+@pytest.mark.parametrize("engine_name", list(ENGINES))
 def test_every_axis_an_engine_does_not_honour_is_refused_at_validation(engine_name):
-    engine = REGISTRY[engine_name]
+    engine = ENGINES[engine_name]
     if engine.unavailable():
         pytest.skip(engine.unavailable())
     for axis in AXES:
@@ -206,7 +211,7 @@ def test_no_intervention_is_known_by_its_kind_not_its_label():
         frame = pd.DataFrame([{**_pair_base(p, no_intervention_labels(config)), "status": "done",
                                "divergence_ci_low": 0.1, "divergence_ci_high": 0.5} for p in pairs])
         precision = precision_table(frame)
-        tables[label] = (sorted(({k: (v if v != label else "<no intervention>") for k, v in r.items()
+        tables[label] = (sorted(({k: (v if k != "intervention" or v != label else "<no intervention>") for k, v in r.items()
                                   if k not in ("pair_id",)} for r in rows), key=lambda r: r["intervention"]),
                          [r["context"].replace(label, "<none>") for r in precision])
     # NaN (no trigger rate, no overhead without cell timings) compares as text.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .cli_args import (json_arg, number, path_arg, check_paths, model_spec, length_arg)
 from .inputs import InputError, shown
+from .audit import add_commands as add_endpoint_commands
 
 def cmd_prepare_model(args) -> None:
     from .hub_check import is_local_dir
@@ -356,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_commands(sub)
     _job_commands(sub)
+    add_endpoint_commands(sub)
     return parser
 
 
@@ -371,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     from .compare import ComparabilityError
     from .config import ConfigError
     from .cost_model import CostInputError
+    from .engines.endpoint_client import EndpointError
     from .jobs import JobSpecError
     from .models import ModelError
     from .runtime import PromptFormatError
@@ -381,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         check_paths(args)
         args.func(args)
     except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
-            ResultError, PromptFormatError, InputError, CostInputError) as exc:
+            ResultError, PromptFormatError, InputError, CostInputError, EndpointError) as exc:
         print(f"tokenflip {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback

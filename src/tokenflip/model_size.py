@@ -152,9 +152,9 @@ def model_size(name: str, spec: dict[str, Any], models_dir: Path) -> ModelSize |
             config = AutoConfig.for_model(raw.pop("model_type"), **raw)
             return size_of_config(config, source)
         if spec.get("source") == "gguf-package":
-            from .models import _package_file
+            from .models import package_file
 
-            gguf = _package_file(spec["package"], spec["file"])
+            gguf = package_file(spec["package"], spec["file"])
             config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             return size_of_config(config, "the GGUF file's metadata")
         if spec.get("source") == "random":

@@ -74,7 +74,7 @@ def digest_files(paths: list[Path], root: Path) -> str:
     return h.hexdigest()
 
 
-def _package_file(package: str, filename: str) -> Path:
+def package_file(package: str, filename: str) -> Path:
     try:
         files = importlib.metadata.files(package) or []
     except importlib.metadata.PackageNotFoundError:
@@ -90,7 +90,7 @@ def _load_tokenizer(spec: dict[str, Any]):
     from transformers import AutoTokenizer
 
     if spec["source"] == "gguf-package":
-        path = _package_file(spec["package"], spec["file"])
+        path = package_file(spec["package"], spec["file"])
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if spec["source"] == "hf":
         return AutoTokenizer.from_pretrained(spec["id"], revision=spec.get("revision"),
@@ -108,7 +108,7 @@ def build_model(spec: dict[str, Any]):
 
     source = spec["source"]
     if source == "gguf-package":
-        path = _package_file(spec["package"], spec["file"])
+        path = package_file(spec["package"], spec["file"])
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                      dtype=torch.float32)
         return _forget_gguf_quantization(model), _load_tokenizer(spec)
@@ -232,7 +232,7 @@ def _own_output(out_dir: str | Path) -> Path:
 
 def _source_digest(spec: dict[str, Any]) -> str | None:
     if spec["source"] == "gguf-package":
-        return sha256_file(_package_file(spec["package"], spec["file"]))
+        return sha256_file(package_file(spec["package"], spec["file"]))
     return None
 
 

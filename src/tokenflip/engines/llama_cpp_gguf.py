@@ -89,9 +89,9 @@ class LlamaCppEngine(Engine):
 
 
 def gguf_path(spec: dict[str, Any]) -> Path:
-    from ..models import _package_file
+    from ..models import package_file
 
-    return _package_file(spec["package"], spec["file"])
+    return package_file(spec["package"], spec["file"])
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,90 @@
+"""A small fault-injecting HTTP proxy for the endpoint tests: it forwards every request to a
+real server, except those its script says to break. A script is a list of faults taken one
+per POST in arrival order (None: forward); GETs are always forwarded.
+
+Faults: ("status", 503) answers that status with an error body; ("status", 429, seconds) adds
+Retry-After; "malformed" answers 200 with a body that is not JSON; "drop" closes the
+connection without an answer; ("delay", seconds) waits, then forwards.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+
+class FaultProxy:
+    def __init__(self, upstream: str):
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname, parts.port)
+        self.script: list = []
+        self.posts = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._forward(None)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                with proxy.lock:
+                    fault = proxy.script.pop(0) if proxy.script else None
+                    proxy.posts += 1
+                kind = fault if isinstance(fault, str) or fault is None else fault[0]
+                if kind == "status":
+                    payload = b'{"error": {"message": "injected fault"}}'
+                    self.send_response(fault[1])
+                    if len(fault) > 2:
+                        self.send_header("Retry-After", str(fault[2]))
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                elif kind == "malformed":
+                    payload = b'{"choices": [ this is not json'
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                elif kind == "drop":
+                    self.close_connection = True
+                    self.connection.close()
+                else:
+                    if kind == "delay":
+                        time.sleep(fault[1])
+                    self._forward(body)
+
+            def _forward(self, body):
+                conn = http.client.HTTPConnection(*proxy.upstream, timeout=600)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+                payload = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                conn.close()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
