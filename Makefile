@@ -19,7 +19,7 @@ SNAKEMAKE_ARGS ?=
 LOCAL_SCHEDULE := --cores $(CORES) --resources gpu=1
 SNAKEMAKE_RUN = $(strip $(if $(findstring --profile,$(SNAKEMAKE_ARGS)),,$(LOCAL_SCHEDULE)) $(if $(CONFIG),--configfile $(CONFIG)) $(SNAKEMAKE_ARGS))
 
-.PHONY: run test dry-run llama-cpp vllm clean-results
+.PHONY: run test dry-run serve llama-cpp vllm clean-results
 
 $(STAMP): requirements.lock requirements-models.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,13 @@ run: $(STAMP)
 ## dry-run: list the jobs that would run and why
 dry-run: $(STAMP)
 	$(BIN)/snakemake $(SNAKEMAKE_RUN) --dry-run
+
+## serve: vLLM's OpenAI server on the default model at http://127.0.0.1:$(PORT)/v1 (foreground),
+## for config/endpoint.yaml; `make serve SERVER=llama.cpp` serves it through llama.cpp's server
+PORT ?= 8000
+SERVER ?= vllm
+serve: $(STAMP) $(if $(filter vllm,$(SERVER)),$(VLLM_STAMP),$(LLAMA_CPP_STAMP))
+	$(BIN)/tokenflip serve $(SERVER) --port $(PORT)
 
 ## test: the test suite (real models, real Snakemake, every engine)
 test: $(STAMP) $(LLAMA_CPP_STAMP) $(VLLM_STAMP)

@@ -121,6 +121,8 @@ def _seconds(meta: dict[str, Any]) -> float:
 
 
 def cell_row(cell: Cell, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
+    from .engines.endpoint_server import summary_columns as endpoint_columns
+
     steps = pc.sum(table.column("n_tokens")).as_py() or 0
     fired = pc.sum(pc.list_flatten(table.column("intervened")).cast(pa.int64())).as_py() or 0
     flat_margin = pc.list_flatten(table.column("margin"))
@@ -147,7 +149,8 @@ def cell_row(cell: Cell, table: pa.Table, meta: dict[str, Any]) -> dict[str, Any
         # A serving engine's prefix cache: the prompt tokens it served (None where none was asked).
         prefix_cached_tokens=(meta.get("engine") or {}).get("prefix_cache", {}).get("cached_tokens"),
         mean_margin=float("nan") if mean_margin is None else float(mean_margin),
-        cv_margin=float(std_margin / mean_margin) if mean_margin and std_margin is not None else float("nan"))
+        cv_margin=float(std_margin / mean_margin) if mean_margin and std_margin is not None else float("nan"),
+        **endpoint_columns(meta))
 
 
 def triggered_prompts(table: pa.Table) -> set[str]:

@@ -67,8 +67,12 @@ def _steps(choice: dict[str, Any], api: str) -> list[tuple[str, float, list[tupl
             for tok, score, top in zip(tokens, chosen, tops)]
 
 
-def read(choice: dict[str, Any], api: str, k: int, tokenizer, vocabulary: Vocabulary) -> Read:
-    """One choice of an answer at the token level (see the module's docstring)."""
+def read(choice: dict[str, Any], api: str, k: int, tokenizer, vocabulary: Vocabulary,
+         eos_if_stopped: int | None = None) -> Read:
+    """One choice of an answer at the token level (see the module's docstring).
+    `eos_if_stopped`: the end-of-sequence id a text-only server's `stop` stands for (where the
+    cell has no stop strings, `stop` can only be the model's end of sequence, which every
+    engine's ids hold and a server's text does not)."""
     text = choice["message"].get("content") or "" if api == "chat" else choice.get("text") or ""
     steps = _steps(choice, api)
     step_ids = [vocabulary.id_of(tok) for tok, _, _ in steps]
@@ -81,14 +85,17 @@ def read(choice: dict[str, Any], api: str, k: int, tokenizer, vocabulary: Vocabu
         # The server's own steps, where each names one token and they spell its text.
         ids = step_ids if steps and -1 not in step_ids and tokenizer.decode(step_ids) == text else encoded
         source = "text"
+        if choice.get("finish_reason") == "stop" and eos_if_stopped is not None:
+            ids = [*ids, int(eos_if_stopped)]
     n = len(ids)
     top_ids = np.full((n, k), -1, dtype=np.int64)
     top_scores = np.full((n, k), np.nan, dtype=np.float32)
     chosen_scores = [math.nan] * n
     off_top: list[int] = []
     for step, (_tok, score, alternatives) in enumerate(steps[:n]):
-        # Best first; equal scores by id, the order an engine's ranks give them.
-        ranked = sorted(((vocabulary.id_of(t), s) for t, s in alternatives), key=lambda p: (-p[1], p[0]))[:k]
+        # Best first; equal scores in the server's own order (vLLM lists its top-k in the
+        # order of its ranks, which an exact tie does not decide by id).
+        ranked = sorted(((vocabulary.id_of(t), s) for t, s in alternatives), key=lambda p: -p[1])[:k]
         for j, (token, value) in enumerate(ranked):
             top_ids[step, j], top_scores[step, j] = token, value
         chosen_scores[step] = score

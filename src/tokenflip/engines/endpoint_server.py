@@ -134,3 +134,28 @@ def findings(items, reads, decoding: dict[str, Any], answers, prompts: list[list
         "prompt_tokens_counted_otherwise": counted,
         "fingerprints": len({a.body.get("system_fingerprint") for a in answers if a.body.get("system_fingerprint")}),
     }
+
+
+def summary_columns(meta: dict[str, Any]) -> dict[str, Any]:
+    """A cell's endpoint figures for the summary's cells table (None for other engines): what
+    the client held in flight, what the scores are, where ids came from, and the findings."""
+    engine = meta.get("engine") or {}
+    endpoint = engine.get("kind") == "endpoint"
+    traffic = meta.get("traffic") or {}
+    found = meta.get("findings") or {}
+    off_top = (found.get("not_top_choice") or {}).get("steps") or {}
+    server = engine.get("server") or {}
+    version = (server.get("version") or {}).get("version") if isinstance(server.get("version"), dict) else None
+    return {
+        "endpoint_server": f"{engine.get('server_kind')} {version or ''}".strip() if endpoint else None,
+        "in_flight_mean": traffic.get("mean_in_flight") if endpoint else None,
+        "in_flight_most": traffic.get("most_in_flight") if endpoint else None,
+        "background_in_flight_mean": (traffic.get("background") or {}).get("mean_in_flight") if endpoint else None,
+        "request_attempts": traffic.get("attempts") if endpoint else None,
+        "scores": engine.get("scores", "raw_logits"),
+        "ids_from": ",".join(engine.get("ids_from", [])) if endpoint else None,
+        "not_top_choice_prompts": len(off_top) if endpoint else None,
+        "not_top_choice_steps": "; ".join(f"{p}: {', '.join(map(str, s))}" for p, s in off_top.items())
+        if endpoint else None,
+        "prompts_counted_otherwise": len(found.get("prompt_tokens_counted_otherwise") or {}) if endpoint else None,
+    }

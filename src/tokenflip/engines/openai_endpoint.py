@@ -185,8 +185,9 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     by_index = dict(zip(order, answers))
     answers = [by_index[i] for i in range(len(items))]  # in the benchmark's order from here
     vocabulary = endpoint_responses.Vocabulary(tokenizer)
-    reads = [endpoint_responses.read(answer.body["choices"][0], spec["api"], job.record_top_k, tokenizer, vocabulary)
-             for answer in answers]
+    eos_if_stopped = None if bench.stop else eos[0]
+    reads = [endpoint_responses.read(answer.body["choices"][0], spec["api"], job.record_top_k, tokenizer, vocabulary,
+                                     eos_if_stopped) for answer in answers]
     generations = [_generation(read) for read in reads]
     result = BatchResult(generations, wall, max((len(g.token_ids) for g in generations), default=0))
     batches = [DecodedBatch(items, prompts, result, traffic["client_cpu_seconds"])]

@@ -62,7 +62,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         title=(title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}")
         + (" (partial: some jobs failed)" if partial else ""),
         run=config["run"],
-        headline=(_truncation_lines(cells_df, unmeasured) + _prefix_cache_lines(cells_df)
+        headline=(_truncation_lines(cells_df, unmeasured) + _prefix_cache_lines(cells_df) + _endpoint_lines(cells_df)
                   + _headline(done_pairs, config.get("interventions"))),
         unmeasured=unmeasured,
         **diverged_view(_read_optional(summary_dir / "diverged.parquet"), pairs_df),
@@ -269,6 +269,23 @@ def _prefix_cache_lines(cells: pd.DataFrame) -> list[str]:
                   & (cells["prefix_cached_tokens"].fillna(-1) == 0)]
     return [f"{r.cell_id}: the prefix cache was on but served no prompt token (no request shared a whole KV "
             f"block with an earlier one): its pairs measure nothing of the cache." for r in unhit.itertuples()]
+
+
+def _endpoint_lines(cells: pd.DataFrame) -> list[str]:
+    """Live endpoints that decoded otherwise than their own scores say (a finding about the
+    server), or whose prompts they counted otherwise than tokenflip encoded them."""
+    if cells.empty or "not_top_choice_prompts" not in cells:
+        return []
+    lines = []
+    for r in cells[(cells["status"] == "done") & (cells["not_top_choice_prompts"].fillna(0) > 0)].itertuples():
+        lines.append(f"{r.cell_id} ({r.endpoint_server}): in {int(r.not_top_choice_prompts)} of {r.n_prompts} prompts "
+                     f"the server chose a token below its own top score at temperature 0 ({r.not_top_choice_steps}): "
+                     f"a penalty or bias applied after the scores it reports — a finding about the server, not a "
+                     f"divergence.")
+    for r in cells[(cells["status"] == "done") & (cells["prompts_counted_otherwise"].fillna(0) > 0)].itertuples():
+        lines.append(f"{r.cell_id} ({r.endpoint_server}): the server counted {int(r.prompts_counted_otherwise)} "
+                     f"prompt(s) at another length than the ids tokenflip encoded (another tokenizer or template?).")
+    return lines
 
 
 # The CPU extensions that decide which 16-bit kernels run (provenance.KERNEL_FLAGS holds
