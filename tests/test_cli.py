@@ -110,6 +110,10 @@ def _kind(action) -> str:
         return "choice"
     if getattr(action.type, "__name__", "") in ("number", "integer"):
         return "number"
+    if action.type is cli_args.url:
+        return "url"
+    if action.type in (cli_args.label, cli_args.dirname):  # checked text: what a string gets
+        return "string"
     assert action.type is None, f"{action.dest}: a type this test does not know: {action.type}"
     return "string"
 
@@ -141,7 +145,7 @@ def _values(kind: str, files: dict[str, Path]) -> list[str]:
         return LENGTHS
     if kind == "json":
         return JSONS
-    if kind in ("choice", "string"):
+    if kind in ("choice", "string", "url"):
         return STRINGS
     if kind == "flag":  # a flag takes no value: `--cost=nan` is a usage error
         return ["nan", LONG]
@@ -161,7 +165,9 @@ def _base(tmp_path: Path, files) -> dict[str, str]:
     return {"path:config": str(config), "path:file": str(cell), "path:dir": str(files["dir"]),
             "path:out": str(tmp_path / "out" / "result.parquet"), "path:outdir": str(tmp_path / "outdir" / "m"),
             "path:calibration": str(files["calibration"]),
-            "json": "{}", "string": "x", "number": "1", "length": "arith_a=5", "choice": None}
+            "json": "{}", "string": "x", "number": "1", "length": "arith_a=5", "choice": None,
+            # a URL where nothing answers (port 9, discard): refused at once, naming it
+            "url": "http://127.0.0.1:9/v1"}
 
 
 def _cases(tmp_path: Path):

