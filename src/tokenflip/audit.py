@@ -176,6 +176,7 @@ def add_commands(sub) -> None:
     p.add_argument("engine", choices=["vllm", "llama.cpp"])
     p.add_argument("--port", type=number(1, 65535, "port", integer=True), default=8000)
     p.add_argument("--name", default="smollm2", type=label, help="the served model name (default smollm2)")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="the dtype vLLM computes in (default fp32: a CPU without avx512_bf16 runs bf16 slowly)")
     p.set_defaults(func=cmd_serve)
 
