@@ -144,6 +144,17 @@ def generate_threads(wildcards):
     return engine_of(cell.engine, config).job_threads(cell, threads, workflow.cores) if cell is not None else threads
 
 
+# Cells of live endpoints take turns (one at a time unless `--resources endpoint_traffic=N`):
+# the requests a server sees during a cell are that cell's own and its load's, never another
+# cell's. They hold no `gpu` token, so they run beside the local cells.
+if "endpoint_traffic" not in workflow.global_resources:
+    workflow.register_resource("endpoint_traffic", 1)
+
+
+def endpoint_tokens(wildcards):
+    return 1 if cell_of(wildcards).engine in config.get("endpoints", {}) else 0
+
+
 def gpu_tokens(wildcards):
     """One `gpu` token per job on an accelerator (so that `--resources gpu=N` bounds them);
     none on a CPU, where the token would only serialise jobs that can share the cores."""

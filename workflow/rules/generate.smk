@@ -17,6 +17,7 @@ rule generate:
     priority: generate_priority
     resources:
         gpu=gpu_tokens,
+        endpoint_traffic=endpoint_tokens,
     conda:
         "../../envs/tokenflip.yaml"
     shell:
