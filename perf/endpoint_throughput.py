@@ -60,9 +60,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--rounds", type=int, default=None)
     args = parser.parse_args()
-    rounds = args.rounds or (2 if args.quick else 4)
+    rounds = args.rounds or (2 if args.quick else 3)
     levels = (1, 8) if args.quick else (1, 8, 32)
-    n, max_tokens = (16, 8) if args.quick else (64, 16)
+    n, max_tokens = (16, 8) if args.quick else (32, 8)
     server = None
     if args.url is None:
         port = free_port()
