@@ -1,0 +1,86 @@
+"""The verdict procedure at its boundaries, on hand-worked cases, and against statsmodels'
+own functions: 0 of n, all of n, a rate exactly at the floor, floors that differ between the
+two sides, no floor; how many prompts a bound needs; the first-divergence curve."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from statsmodels.stats.power import NormalIndPower
+from statsmodels.stats.proportion import confint_proportions_2indep, proportion_effectsize
+from statsmodels.stats.proportion import test_proportions_2indep as score_test  # not a test of this module
+
+from tokenflip.verdict import (detectable_difference, judge, larger_floor, prompts_for_bound, still_identical,
+                               upper_bound)
+
+
+def test_zero_of_n_is_identical_with_the_exact_upper_bound():
+    v = judge(0, 64, 0, 64)
+    # Clopper–Pearson at 0 of n, by hand: 1 - (0.025)^(1/n); 0 of 64 -> 5.6%
+    assert v.label == "identical" and v.upper_bound == pytest.approx(1 - 0.025 ** (1 / 64))
+    assert "at most 5.6% at 95%" in v.words
+    assert judge(0, 64).label == "identical"  # no floor is needed to say nothing parted
+
+
+def test_all_of_n_against_a_floor_of_zero_changes_outputs():
+    v = judge(64, 64, 0, 64)
+    assert v.label == "changes outputs" and v.excess == 1.0 and v.excess_high == pytest.approx(1.0)
+    low, high = confint_proportions_2indep(64, 64, 0, 64, method="newcomb", alpha=0.1)
+    assert (v.excess_low, v.excess_high) == pytest.approx((low, high))
+
+
+def test_a_rate_exactly_at_the_floor_is_within_noise_only_with_enough_prompts():
+    # 6 of 64 against 6 of 64: no excess, but the interval (about ±8.9 pp) is wider than ±5 pp
+    few = judge(6, 64, 6, 64)
+    assert few.label == "undecided" and few.excess == 0 and few.excess_high > 0.05 and "more prompts" in few.words
+    many = judge(94, 1000, 94, 1000)
+    assert many.label == "within noise" and -0.05 < many.excess_low < 0 < many.excess_high < 0.05
+    assert judge(6, 64, 6, 64, margin=0.10).label == "within noise"  # the margin is the study's to set
+
+
+def test_floors_that_differ_between_the_sides_judge_against_the_larger():
+    floor = larger_floor([(1, 64), (6, 64)])
+    assert floor == (6, 64) and larger_floor([None, (2, 64)]) == (2, 64) and larger_floor([None, None]) is None
+    assert judge(6, 64, *floor).label == "undecided"
+    assert judge(6, 64, 1, 64).label == "changes outputs"  # against the smaller floor alone it would
+
+
+def test_without_a_floor_no_verdict_is_assumed():
+    v = judge(6, 64)
+    assert v.label == "no floor" and v.floor is None and "repeat" in v.words
+
+
+@pytest.mark.parametrize("k,n,fk,fn", [(6, 64, 1, 64), (12, 64, 2, 64), (30, 200, 10, 200), (3, 50, 5, 50)])
+def test_the_figures_are_statsmodels_own(k, n, fk, fn):
+    v = judge(k, n, fk, fn)
+    low, high = confint_proportions_2indep(k, n, fk, fn, method="newcomb", alpha=0.1)
+    assert (v.excess_low, v.excess_high) == pytest.approx((low, high))
+    assert v.p_above == pytest.approx(score_test(k, n, fk, fn, method="score", alternative="larger").pvalue)
+    assert (v.label == "changes outputs") == (low > 0)
+
+
+@pytest.mark.parametrize("bound", [0.2, 0.056, 0.05, 0.01])
+def test_prompts_for_a_bound_are_the_fewest_whose_zero_result_gives_it(bound):
+    n = prompts_for_bound(bound)
+    assert upper_bound(0, n) <= bound < upper_bound(0, n - 1)
+    assert prompts_for_bound(0.056) == 65  # 0 of 64 bounds at 5.60%, just above
+    with pytest.raises(ValueError):
+        prompts_for_bound(0.0)
+
+
+@pytest.mark.parametrize("n,floor", [(64, 0.0), (64, 0.05), (500, 0.1)])
+def test_the_detectable_difference_has_the_power_it_claims(n, floor):
+    d = detectable_difference(n, floor)
+    power = NormalIndPower().power(effect_size=proportion_effectsize(floor + d, floor), nobs1=n, alpha=0.05,
+                                   ratio=1.0, alternative="larger")
+    assert power == pytest.approx(0.8, abs=1e-6) and 0 < d < 1 - floor
+
+
+def test_the_first_divergence_curve_by_hand():
+    # parts at 3; identical through 5 (censored); parts at 5; parts at 8; identical through 10.
+    times, share = still_identical([3, None, 5, 8, None], [9, 5, 9, 9, 10])
+    # at 3: 4 of 5 left; at 5: 4 at risk, 1 parts -> 0.8 * 3/4; at 8: 2 at risk -> 0.6 * 1/2
+    assert times == [3, 5, 8] and share == pytest.approx([0.8, 0.6, 0.3])
+    assert still_identical([None, None], [4, 6]) == ([], [])
+    assert math.isnan(upper_bound(0, 0))
