@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from tokenflip.engines.endpoint_client import InFlight
+from tokenflip.engines.endpoint_client import EndpointError, InFlight
 from tokenflip.engines.endpoint_responses import Vocabulary, read, scores_kind
 from tokenflip.engines.openai_endpoint import observed_order, send_order
 
@@ -72,7 +72,7 @@ def test_scores_above_what_a_logprob_can_be_are_refused_as_logprobs(tokenizer):
                                         "top_logprobs": [{"token_id:64": 12.0, "token_id:65": 11.0}]}}
     raw = read(choice, "completions", 2, tokenizer, Vocabulary(tokenizer))
     assert scores_kind([raw], "raw_logits") == "raw_logits"
-    with pytest.raises(ValueError, match="raw logits"):
+    with pytest.raises(EndpointError, match="raw logits"):
         scores_kind([raw], "logprobs")
     # log(0.5) twice sums to probability 1: a logprob; none at all: "none"
     half = read({"text": "a", "logprobs": {"tokens": ["token_id:64"], "token_logprobs": [math.log(0.5)],

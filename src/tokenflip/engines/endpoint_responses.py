@@ -118,6 +118,8 @@ def scores_kind(reads: list[Read], declared: str) -> str:
         for read in reads:
             finite = np.where(np.isfinite(read.top_scores), read.top_scores, -np.inf).astype(np.float64)
             if np.any(finite > 1e-4) or np.any(np.log(np.exp(finite).sum(axis=1)) > 1e-3):
-                raise ValueError("the endpoint's scores are above what a logprob can be (raw logits?): set its "
-                                 "`scores: raw_logits`")
+                from .endpoint_client import EndpointError
+
+                raise EndpointError("the endpoint's scores are above what a logprob can be (raw logits?): set its "
+                                    "`scores: raw_logits`")
     return declared
