@@ -20,6 +20,7 @@ from pathlib import Path
 from .cli_args import (json_arg, number, path_arg, check_paths, model_spec, length_arg)
 from .inputs import InputError, shown
 from .audit import add_commands as add_endpoint_commands
+from .gate import add_command as add_gate_command
 
 def cmd_prepare_model(args) -> None:
     from .hub_check import is_local_dir
@@ -358,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_commands(sub)
     _job_commands(sub)
     add_endpoint_commands(sub)
+    add_gate_command(sub)
     return parser
 
 

@@ -307,6 +307,8 @@ def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
 
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:
     """Every summary table of the run, and what was refused."""
+    from .verdict import with_verdicts
+
     checked = Checked()
     planned_cells = expand_cells(config)
     planned_pairs = expand_pairs(config, planned_cells)
@@ -319,7 +321,7 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
     diverged = completions.diverged_frame(planned_pairs, first_div, layout, metas, checked.refuse)
     frames = {
         "cells": cells_df,
-        "pairs": pd.DataFrame(pairs),
+        "pairs": pd.DataFrame(with_verdicts(pairs, config["verdict"]["margin"])),
         "first_divergence": first_div,
         "diverged": diverged,
         "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df, metas, planned_pairs)),

@@ -61,7 +61,7 @@ def judge(k: int, n: int, floor_k: int | None = None, floor_n: int | None = None
                        f"identical: 0 of {n} prompts parted (at most {bound:.1%} at {1 - alpha:.0%})")
     if floor is None:
         return Verdict("no floor", rate, None, None, None, None, None, bound,
-                       f"{k} of {n} prompts parted; no repeat measured this engine's own noise, so whether that "
+                       f"no floor: {k} of {n} prompts parted; no repeat measured this engine's own noise, so whether that "
                        f"is more than its noise is not known (add repeat: [default, 2])")
     # One interval decides both ways (the interval-inclusion form of the one-sided test and of
     # TOST): Newcombe's hybrid score interval of the difference, two-sided 1 − 2·alpha, which
@@ -125,3 +125,33 @@ def still_identical(first_div: list[int | None], lengths: list[int]) -> tuple[li
         return [], []
     curve = SurvfuncRight(times, events)
     return [int(t) for t in curve.surv_times], [float(p) for p in curve.surv_prob]
+
+
+def with_verdicts(rows: list[dict], margin: float = MARGIN, alpha: float = ALPHA) -> list[dict]:
+    """The summary's pair rows, each with its verdict: a repeat pair is itself a noise floor
+    (the divergence of one setting run again); every other pair is judged against the floors
+    measured for its two cells (the repeat pairs whose first cell is one of them), the larger
+    of the two."""
+    floors = {row["cell_a"]: (int(row["n_diverged"]), int(row["n_prompts"])) for row in rows
+              if row.get("axis") == "repeat" and row.get("status") == "done"}
+    out = []
+    for row in rows:
+        row = dict(row)
+        if row.get("status") != "done":
+            out.append({**row, "verdict": None, "verdict_words": None})
+            continue
+        k, n = int(row["n_diverged"]), int(row["n_prompts"])
+        if row.get("axis") == "repeat":
+            bound = upper_bound(k, n, alpha)
+            words = (f"noise floor: {k} of {n} prompts parted when the same setting ran again"
+                     + (f" (at most {bound:.1%} at {1 - alpha:.0%})" if k == 0 else ""))
+            out.append({**row, "verdict": "noise floor", "verdict_words": words, "floor_rate": k / n if n else None,
+                        "excess": None, "excess_low": None, "excess_high": None, "p_above": None,
+                        "upper_bound": bound})
+            continue
+        floor = larger_floor([floors.get(row["cell_a"]), floors.get(row["cell_b"])])
+        v = judge(k, n, *(floor or (None, None)), margin=margin, alpha=alpha)
+        out.append({**row, "verdict": v.label, "verdict_words": v.words, "floor_rate": v.floor, "excess": v.excess,
+                    "excess_low": v.excess_low, "excess_high": v.excess_high, "p_above": v.p_above,
+                    "upper_bound": v.upper_bound})
+    return out
