@@ -116,6 +116,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         models=list(dict.fromkeys(cells_df["model"])) if not cells_df.empty else [],
         benchmarks=list(dict.fromkeys(cells_df["benchmark"])) if not cells_df.empty else [],
         config_yaml=json.dumps(config, indent=2, sort_keys=True, default=str),
+        verdict_margin=config.get("verdict", {}).get("margin", 0.05),
     )
     html = _TEMPLATES.get_template("report.html.j2").render(**context)
     with storage.atomic_path(out_path) as tmp:
