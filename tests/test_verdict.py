@@ -84,3 +84,21 @@ def test_the_first_divergence_curve_by_hand():
     assert times == [3, 5, 8] and share == pytest.approx([0.8, 0.6, 0.3])
     assert still_identical([None, None], [4, 6]) == ([], [])
     assert math.isnan(upper_bound(0, 0))
+
+
+def test_plan_says_what_each_comparisons_prompts_can_show():
+    from conftest import tiny_study
+
+    from tokenflip import config as cfg
+    from tokenflip.plan import expand_cells, expand_pairs
+    from tokenflip.plan_power import power_lines
+
+    study = tiny_study()
+    study["verdict"] = {"bound": 0.056}
+    config = cfg.validate(study, check_data=False)
+    lines = power_lines(config, expand_pairs(config, expand_cells(config)))
+    comp = config["comparisons"][0]
+    n = config["benchmarks"][next(iter(config["benchmarks"]))]["n"]
+    head = f"comparison {comp['axis']}: {comp['a']} vs {comp['b']}"
+    assert f"{head}: {n} prompts a pair: 0 parted would bound the rate at {upper_bound(0, n):.1%} (95%)" in lines[0]
+    assert f"{head}: bounding the rate at 5.6% takes 65 prompts a pair" in lines

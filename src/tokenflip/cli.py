@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_args import (json_arg, number, path_arg, check_paths, model_spec, length_arg)
+from .cli_args import (json_arg, number, path_arg, check_paths, config_args, model_spec, length_arg, run_args)
+from .plan_power import power_lines
 from .inputs import InputError, shown
 from .audit import add_commands as add_endpoint_commands
 from .gate import add_command as add_gate_command
@@ -242,18 +243,8 @@ def cmd_plan(args) -> None:
     probes = probe_targets(config)
     for probe, model, bench in probes:
         print(f"probe {model}/{bench}/{probe}")
+    print("\n".join(power_lines(config, pairs)))  # what each comparison's prompts can show
     print(f"{len(cells)} cells, {len(pairs)} pairs, {len(probes)} probe jobs", file=sys.stderr)
-
-
-def _config_args(p: argparse.ArgumentParser) -> None:
-    group = p.add_mutually_exclusive_group(required=True)
-    path_arg(p, "--config", kind="config", group=group, help="config YAML file")
-    group.add_argument("--config-json", type=json_arg, help="the config itself, as JSON")
-
-
-def _run_args(p: argparse.ArgumentParser) -> None:
-    _config_args(p)
-    path_arg(p, "--root", kind="outdir", help="the working directory that holds results/ and reports/ (default: .)")
 
 
 def _job_commands(sub) -> None:
@@ -301,7 +292,7 @@ def _run_commands(sub) -> None:
     from .cost_model import GPU_BANDWIDTH_GBS, GPU_TFLOPS
 
     p = sub.add_parser("plan", help="list the cells, pairs and probe jobs a config defines (--cost: what they cost)")
-    _config_args(p)
+    config_args(p)
     p.add_argument("--cost", action="store_true",
                    help="per rule, per cell and in total: jobs, prompts, generated tokens, token positions, weight "
                         "bytes read and device hours (docs/internals.md says which figures are bounds)")
@@ -332,11 +323,11 @@ def _run_commands(sub) -> None:
     p.set_defaults(func=cmd_run_cell)
 
     p = sub.add_parser("summarize", help="check a run's results against its config and write the summary tables")
-    _run_args(p)
+    run_args(p)
     p.set_defaults(func=cmd_summarize)
 
     p = sub.add_parser("report", help="render the HTML report from the summary tables")
-    _run_args(p)
+    run_args(p)
     p.add_argument("--partial", action="store_true",
                    help="after a failed run: summarise whatever results exist and render them, "
                         "listing what is missing or refused")

@@ -156,3 +156,16 @@ def dirname(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", text):
         raise argparse.ArgumentTypeError(f"expected a name of letters, digits, '_', '.' and '-', got {shown(text, 80)}")
     return text
+
+
+def config_args(p: argparse.ArgumentParser) -> None:
+    """--config FILE or --config-json TEXT, one of them."""
+    group = p.add_mutually_exclusive_group(required=True)
+    path_arg(p, "--config", kind="config", group=group, help="config YAML file")
+    group.add_argument("--config-json", type=json_arg, help="the config itself, as JSON")
+
+
+def run_args(p: argparse.ArgumentParser) -> None:
+    """A config and the working directory of its run."""
+    config_args(p)
+    path_arg(p, "--root", kind="outdir", help="the working directory that holds results/ and reports/ (default: .)")
