@@ -174,7 +174,8 @@ def _refusal(grid: dict, models=None, interventions=None) -> str:
     ({"prefill_chunk": [16]}, "engine 'llama.cpp' with prefill_chunk 16"),
     ({"prefix_cache": ["on"]}, "engine 'llama.cpp' with prefix_cache 'on'"),
     ({"cache_impl": ["static"]}, "engine 'llama.cpp' with cache_impl 'static'"),
-    ({"engine": ["sglang"]}, "'sglang' is not one of ['transformers', 'llama.cpp', 'vllm']"),
+    ({"engine": ["sglang"]}, "grids.0.engine: 'sglang' is neither an engine (transformers, llama.cpp, vllm) nor defined under "
+                                "'endpoints' (defined: [])"),
 ])
 def test_what_llama_cpp_cannot_honour_is_refused_with_the_reason(grid, expected):
     assert expected in _refusal(grid)

@@ -180,6 +180,20 @@ SHIPPED_PLANS = {
                   "smollm2-135m/onestep/precision/fp32_vs_fp16/x-on-bs1-greedy-none-engine=llama.cpp"],
         absent_pair_ids=["smollm2-135m/onestep/engine/transformers_vs_llama.cpp/fp16-on-bs1-greedy-none-engine=x",
                          "smollm2-135m/onestep/precision/fp32_vs_fp16/x-on-bs1-greedy-none"]),
+    "endpoint.yaml": dict(
+        # the live endpoint one at a time and at 8 in flight, each twice (repeat) (4); with a
+        # background load (1); without logprobs (1); transformers (1): 7 cells. Pairs:
+        # concurrency default vs 8 at each repeat (2), repeat default vs 2 at each concurrency
+        # (2), load, logprobs, transformers vs the endpoint (1 each): 7 pairs.
+        cells=7, pairs={"concurrency": 2, "repeat": 2, "load": 1, "logprobs": 1, "engine": 1},
+        cell_ids=["smollm2-135m/onestep/fp32-on-bs1-greedy-none",
+                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-repeat=2-engine=local_vllm-concurrency=8",
+                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-engine=local_vllm-load=busy",
+                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-engine=local_vllm-logprobs=off"],
+        absent_cell_ids=["smollm2-135m/onestep/fp32-on-bs1-greedy-none-repeat=2-engine=local_vllm-load=busy"],
+        pair_ids=["smollm2-135m/onestep/engine/transformers_vs_local_vllm/fp32-on-bs1-greedy-none-engine=x",
+                  "smollm2-135m/onestep/load/none_vs_busy/fp32-on-bs1-greedy-none-engine=local_vllm-load=x"],
+        absent_pair_ids=[]),
     "vllm.yaml": dict(
         # transformers fp32 and bf16 (2); vLLM fp32 and bf16 at concurrency default and 1 (4),
         # bf16 with a cold and a warm prefix cache (2), with chunked prefill (32, concurrency 1)

@@ -74,6 +74,9 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         pairs=pairs_df.sort_values(["model", "benchmark", "axis", "a", "b", "context"]).to_dict("records")
         if not pairs_df.empty else [],
         cells=cells_df.sort_values("cell_id").to_dict("records") if not cells_df.empty else [],
+        # The cells of live endpoints that finished (a summary without endpoints has no such column).
+        endpoint_cells=[c for c in cells_df.sort_values("cell_id").to_dict("records")
+                        if c.get("status") == "done" and c.get("endpoint_server")] if not cells_df.empty else [],
         missing_cells=cells_df[cells_df["status"] != "done"].to_dict("records") if not cells_df.empty else [],
         missing_pairs=pairs_df[pairs_df["status"] != "done"].to_dict("records") if not pairs_df.empty else [],
         fig_first_div=first_divergence_figure(first_df, pairs_df),
