@@ -130,8 +130,6 @@ def request_fields(spec: dict[str, Any], decoding: dict[str, Any], max_tokens: i
     from .vllm_offline import sampling_of
 
     fields: dict[str, Any] = {"model": spec["model"], "max_tokens": max_tokens, **sampling_of(decoding)}
-    if fields.pop("top_k", None) is not None:
-        fields["top_k"] = int(decoding["top_k"])
     if stop:
         fields["stop"] = list(stop)
     if logprobs:
