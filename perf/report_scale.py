@@ -77,7 +77,9 @@ def synthetic_frames(models: int = 10, missing_cells: int = 3, seed: int = 0) ->
                                                                                        dict[str, pd.DataFrame]]:
     """(validated config, every summary table) of the synthetic large study."""
     from tokenflip import config as cfg
+    from tokenflip.causes import CAUSES
     from tokenflip.compare import summarize
+    from tokenflip.summary_verdicts import STILL_IDENTICAL_COLUMNS, still_identical_rows
     from tokenflip.plan import expand_cells, expand_pairs
     from tokenflip.intervention_table import intervention_rows
     from tokenflip.interventions import no_intervention_labels
@@ -117,7 +119,7 @@ def synthetic_frames(models: int = 10, missing_cells: int = 3, seed: int = 0) ->
         cell_rows.append(row)
     cells_df = pd.DataFrame(cell_rows)
 
-    pair_rows, first_div, agreement = [], [], {}
+    pair_rows, first_div, agreement, per_prompt_frames = [], [], {}, {}
     prompt_ids = [f"arith-{p:04d}" for p in range(PROMPTS)]
     for pair in pairs:
         row = _pair_base(pair, no_intervention_labels(config))
@@ -137,19 +139,26 @@ def synthetic_frames(models: int = 10, missing_cells: int = 3, seed: int = 0) ->
                 "margin_b_at_div": margin, "mean_margin_a": rng.uniform(2, 6, PROMPTS),
                 "rms_dlogit_before_div": rng.exponential(0.02, PROMPTS), "near_ties_a": rng.integers(0, 5, PROMPTS),
                 "n_tokens_a": n_tokens, "n_tokens_b": np.where(identical, n_tokens, rng.integers(STEPS // 2, STEPS,
-                                                                                                  PROMPTS))})
+                                                                                                  PROMPTS)),
+                "cause": np.where(identical, None, np.array(CAUSES[:4])[rng.integers(0, 4, PROMPTS)]),
+                "rejoin_step": np.where(identical | (rng.random(PROMPTS) < 0.7), np.nan, first + 5)})
+            per_prompt_frames[pair.id] = per_prompt.to_pandas()
             row.update(status="done", **summarize(per_prompt), machine_a="synthetic", machine_b="synthetic")
             agreement[pair.id] = pd.DataFrame({"agree": identical}, index=pd.Index(prompt_ids, name="prompt_id"))
             for p in np.flatnonzero(~identical):
                 first_div.append({"pair_id": pair.id, "label": pair.label, "axis": pair.axis,
                                   "context": pair.context, "model": pair.a.model, "benchmark": pair.a.benchmark,
                                   "prompt_id": prompt_ids[p], "first_div_step": float(first[p]),
-                                  "margin_a_at_div": float(margin[p]), "margin_b_at_div": float(margin[p])})
+                                  "margin_a_at_div": float(margin[p]), "margin_b_at_div": float(margin[p]),
+                                  "cause": per_prompt["cause"][p].as_py(),
+                                  "rejoin_step": per_prompt["rejoin_step"][p].as_py(),
+                                  "same_answer": bool(per_prompt["same_answer"][p].as_py())})
         pair_rows.append(row)
 
     frames: dict[str, pd.DataFrame] = {
         "cells": cells_df, "pairs": pd.DataFrame(pair_rows),
         "first_divergence": pd.DataFrame(first_div),
+        "still_identical": pd.DataFrame(still_identical_rows(pairs, per_prompt_frames), columns=STILL_IDENTICAL_COLUMNS),
         "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df)),
         "environment": pd.DataFrame(environment_rows(metas), columns=["kind", "name", "json"]),
     }

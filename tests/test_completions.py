@@ -174,7 +174,7 @@ def test_an_exact_tie_at_the_parting_step_is_marked_on_its_side():
            "correct_a": True, "correct_b": False, "verdict_a": "correct", "verdict_b": "wrong",
            "finish_a": "eos", "finish_b": "eos", "n_tokens_a": 1, "n_tokens_b": 1, "model": "m", "benchmark": "b",
            "axis": "precision", "a": "fp32", "b": "bf16", "margin_a": 0.0, "margin_b": 1e-6, "extracted_a": None,
-           "extracted_b": None}
+           "extracted_b": None, "cause": "exact tie", "rejoin_step": None, "same_answer": True}
     view = diverged.diverged_view(pd.DataFrame([row]), pd.DataFrame([_pair_row("transformers", model="m",
                                                                               pair_id="p", context="0")]))
     shown = view["diverged_pairs"][0]["shown"][0]
@@ -183,6 +183,8 @@ def test_an_exact_tie_at_the_parting_step_is_marked_on_its_side():
     assert (shown["tie_a"], shown["tie_b"]) == (True, False)
     html = page._TEMPLATES.get_template("diverged.html.j2").render(**view)
     assert html.count('class="tie-mark"') == 2 and html.count("(an exact tie)") == 1
+    assert '<span class="cause" title="a side&#39;s top two logits were equal' in html
+    assert "never rejoined" in html and "same final answer" in html
 
 
 def _cell_file(path, tokens: list[list[int]], decode) -> str:

@@ -141,8 +141,11 @@ SHIPPED_PLANS = {
         # bf16 and fp32 vs fp16 (2); bs1 vs bs4 for bf16 (1); none vs C_gated for bf16 and
         # fp16 (2); default vs eager attention (1); default vs each FP8 cache (2); default vs
         # chunked prefill (1): 13.
-        cells=14, pairs={"cache": 2, "precision": 4, "batch_size": 1, "intervention": 2, "attention": 1,
-                         "kv_dtype": 2, "prefill_chunk": 1},
+        # The noise floors: the cache-on fp32 and fp16 cells of onestep_kv and the three
+        # precisions' bs1 cells of onestep run again (repeat 2): 5 cells, 19 in all; their
+        # repeat pairs (5), and the precision pairs among the second runs (3 more): 21.
+        cells=19, pairs={"cache": 2, "precision": 7, "batch_size": 1, "intervention": 2, "attention": 1,
+                         "kv_dtype": 2, "prefill_chunk": 1, "repeat": 5},
         cell_ids=["smollm2-135m/onestep_kv/fp16-off-bs1-greedy-none",
                   "smollm2-135m/onestep_kv/fp16-on-bs1-greedy-none",
                   "smollm2-135m/onestep/bf16-on-bs4-greedy-none",
@@ -150,8 +153,12 @@ SHIPPED_PLANS = {
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-C_gated",
                   "smollm2-135m/onestep/fp32-on-bs1-greedy-none-kv_dtype=fp8_e4m3",
                   "smollm2-135m/onestep/fp32-on-bs1-greedy-none-kv_dtype=fp8_e5m2",
-                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-prefill_chunk=16"],
+                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-prefill_chunk=16",
+                  "smollm2-135m/onestep/fp16-on-bs1-greedy-none-repeat=2",
+                  "smollm2-135m/onestep_kv/fp32-on-bs1-greedy-none-repeat=2"],
         absent_cell_ids=["smollm2-135m/onestep/fp16-off-bs1-greedy-none",
+                         "smollm2-135m/onestep/bf16-on-bs4-greedy-none-repeat=2",
+                         "smollm2-135m/onestep_kv/fp16-off-bs1-greedy-none-repeat=2",
                          "smollm2-135m/onestep/fp16-on-bs4-greedy-none",
                          "smollm2-135m/onestep_kv/bf16-off-bs1-greedy-none",
                          "smollm2-135m/onestep_kv/fp16-on-bs4-greedy-none",
@@ -162,7 +169,9 @@ SHIPPED_PLANS = {
                   "smollm2-135m/onestep/intervention/none_vs_C_gated/bf16-on-bs1-greedy-x",
                   "smollm2-135m/onestep/attention/default_vs_eager/bf16-on-bs1-greedy-none-attention=x",
                   "smollm2-135m/onestep/kv_dtype/default_vs_fp8_e4m3/fp32-on-bs1-greedy-none-kv_dtype=x",
-                  "smollm2-135m/onestep/prefill_chunk/default_vs_16/fp32-on-bs1-greedy-none-prefill_chunk=x"],
+                  "smollm2-135m/onestep/prefill_chunk/default_vs_16/fp32-on-bs1-greedy-none-prefill_chunk=x",
+                  "smollm2-135m/onestep/repeat/default_vs_2/fp16-on-bs1-greedy-none-repeat=x",
+                  "smollm2-135m/onestep/precision/fp32_vs_fp16/x-on-bs1-greedy-none-repeat=2"],
         absent_pair_ids=["smollm2-135m/onestep/cache/on_vs_off/fp16-x-bs1-greedy-none",
                          "smollm2-135m/onestep_kv/precision/fp32_vs_bf16/x-off-bs1-greedy-none",
                          "smollm2-135m/onestep/intervention/none_vs_C_gated/fp32-on-bs1-greedy-x"]),
@@ -197,19 +206,22 @@ SHIPPED_PLANS = {
     "vllm.yaml": dict(
         # transformers fp32 and bf16 (2); vLLM fp32 and bf16 at concurrency default and 1 (4),
         # bf16 with a cold and a warm prefix cache (2), with chunked prefill (32, concurrency 1)
-        # and with an E5M2 KV cache (2); llama.cpp fp32 (1): 11 cells. Pairs: transformers vs
-        # vLLM in fp32 and bf16, llama.cpp vs vLLM in fp32 (3); concurrency 1 vs default in fp32
-        # and bf16 (2); prefix cache off vs cold and off vs on (2); prefill chunk default vs 32,
-        # kv_dtype default vs fp8_e5m2 (1 each); fp32 vs bf16 in transformers, in vLLM at
-        # concurrency default and at 1 (3): 12 pairs.
-        cells=11, pairs={"engine": 3, "concurrency": 2, "prefix_cache": 2, "prefill_chunk": 1, "kv_dtype": 1,
-                         "precision": 3},
+        # (1); llama.cpp fp32 (1); and each of the four vLLM concurrency cells run again
+        # (repeat 2): 14 cells. Pairs: transformers vs vLLM in fp32 and bf16, llama.cpp vs vLLM
+        # in fp32 (3); concurrency 1 vs default in fp32 and bf16, in each run (4); prefix cache
+        # off vs cold and off vs on (2); prefill chunk default vs 32 (1); fp32 vs bf16 in
+        # transformers, in vLLM at concurrency default and at 1, in each run (5); repeat
+        # default vs 2 per vLLM setting (4): 19 pairs.
+        cells=14, pairs={"engine": 3, "concurrency": 4, "prefix_cache": 2, "prefill_chunk": 1, "precision": 5,
+                         "repeat": 4},
         cell_ids=["smollm2-135m/onestep/fp32-on-bs1-greedy-none",
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-none-engine=vllm-concurrency=1",
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-none-prefix_cache=on-engine=vllm",
                   "smollm2-135m/onestep/bf16-on-bs1-greedy-none-prefill_chunk=32-engine=vllm-concurrency=1",
-                  "smollm2-135m/onestep/bf16-on-bs1-greedy-none-kv_dtype=fp8_e5m2-engine=vllm"],
+                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-repeat=2-engine=vllm-concurrency=1"],
         absent_cell_ids=["smollm2-135m/onestep/fp32-on-bs1-greedy-none-prefix_cache=on-engine=vllm",
+                         "smollm2-135m/onestep/bf16-on-bs1-greedy-none-kv_dtype=fp8_e5m2-engine=vllm",
+                         "smollm2-135m/onestep/fp32-on-bs1-greedy-none-repeat=2",
                          "smollm2-135m/onestep/bf16-on-bs1-greedy-none-prefill_chunk=32-engine=vllm"],
         pair_ids=["smollm2-135m/onestep/engine/transformers_vs_vllm/bf16-on-bs1-greedy-none-engine=x",
                   "smollm2-135m/onestep/engine/llama.cpp_vs_vllm/fp32-on-bs1-greedy-none-engine=x",
@@ -218,7 +230,8 @@ SHIPPED_PLANS = {
                   "smollm2-135m/onestep/prefix_cache/off_vs_on/bf16-on-bs1-greedy-none-prefix_cache=x-engine=vllm",
                   "smollm2-135m/onestep/prefill_chunk/default_vs_32/"
                   "bf16-on-bs1-greedy-none-prefill_chunk=x-engine=vllm-concurrency=1",
-                  "smollm2-135m/onestep/precision/fp32_vs_bf16/x-on-bs1-greedy-none-engine=vllm-concurrency=1"],
+                  "smollm2-135m/onestep/precision/fp32_vs_bf16/x-on-bs1-greedy-none-engine=vllm-concurrency=1",
+                  "smollm2-135m/onestep/repeat/default_vs_2/bf16-on-bs1-greedy-none-repeat=x-engine=vllm-concurrency=1"],
         absent_pair_ids=["smollm2-135m/onestep/engine/transformers_vs_vllm/bf16-on-bs1-greedy-none-engine=x-concurrency=1"]),
     "paper-kv-cache.yaml": dict(
         cells=24, pairs={"cache": 12, "precision": 6},

@@ -85,6 +85,9 @@ def run(tmp_path_factory) -> dict[str, Any]:
     # Longer answers than test_workflow's, so that bf16 and fp32 part on some prompts and
     # the first-divergence and margin figures have something to draw.
     raw["benchmarks"]["arith"].update(n=6, max_new_tokens=16)
+    # fp32 with the cache on, run again: the noise floor the verdicts are judged against.
+    raw["grids"].append({"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "repeat": [2]})
+    raw["comparisons"].append({"axis": "repeat", "a": "default", "b": 2})
     config = cfg.validate(raw)
     config_json = json.dumps(config, sort_keys=True)
     layout = RunLayout(config["run"], root=str(root))
@@ -436,7 +439,8 @@ def test_report_loads_cleanly_in_chromium(browser_page, artifacts_dir):
 
 def test_every_section_and_figure_renders(browser_page, run):
     page = browser_page["page"]
-    expected = {"headline", "overview", "drilldown", "pairs", "figures", "cells", "provenance", "definitions"}
+    expected = {"headline", "overview", "drilldown", "verdicts", "pairs", "figures", "cells", "provenance",
+                "definitions"}
     if (run["summary"] / "kv_steps.parquet").exists() and pq.read_metadata(run["summary"] / "kv_steps.parquet").num_rows:
         expected.add("kv-cache")
     pairs = pq.read_table(run["summary"] / "pairs.parquet").to_pylist()
@@ -451,6 +455,7 @@ def test_every_section_and_figure_renders(browser_page, run):
     first_div = pq.read_table(run["summary"] / "first_divergence.parquet")
     assert first_div.num_rows > 0, "the tiny run should diverge somewhere, or the figures go untested"
     assert page["svgsPerSection"]["figures"] == 2, page["svgsPerSection"]
+    assert page["svgsPerSection"]["verdicts"] == 1, page["svgsPerSection"]  # the first-divergence curve
     if "kv-cache" in expected:
         assert page["svgsPerSection"]["kv-cache"] >= 1, page["svgsPerSection"]
     # Wide tables scroll inside their wrapper instead of widening the page.
@@ -785,6 +790,57 @@ def test_diverged_texts_are_the_prepared_tokenizers_decoding_of_the_stored_ids(r
     written = _read_csv(run["report"].parent / "tables" / "diverged.csv")
     assert sorted((r["pair_id"], r["prompt_id"], r["text_a"], r["text_b"]) for r in written) == sorted(
         (r["pair_id"], r["prompt_id"], r["text_a"], r["text_b"]) for r in rows)
+
+
+def test_every_diverged_prompt_is_labelled_and_every_pair_judged(run):
+    """No browser needed: each diverged prompt's label holds for the stored cells (a near-tie
+    is a margin within one step of its side's precision at its top logit; anything else has
+    both margins wider), a rejoin is four tokens of a again in b, every finished pair has a
+    verdict against the floor the repeat measured, and the page says both."""
+    from tokenflip import storage
+    from tokenflip.causes import CAUSES, resolution
+    from tokenflip.layout import RunLayout
+
+    rows = _diverged_rows(run)
+    layout = RunLayout(run["config"]["run"], root=str(run["root"]))
+    pairs = {p["pair_id"]: p for p in pq.read_table(run["summary"] / "pairs.parquet").to_pylist()}
+    assert rows
+    for row in rows:
+        assert row["cause"] in CAUSES and row["cause"] not in ("sampled", "no logits"), row["cause"]
+        pair = pairs[row["pair_id"]]
+        cells = {}
+        for side in "ab":
+            table, meta = storage.read_cell(layout.cell(pair[f"cell_{side}"]))
+            cells[side] = (next(r for r in table.to_pylist() if r["prompt_id"] == row["prompt_id"]),
+                           meta["cell"]["precision"])
+        step = int(row["step"])
+        if row["cause"] == "ended":
+            assert min(len(c["token_ids"]) for c, _ in cells.values()) == step
+            continue
+        slack = [c["margin"][step] - resolution(c["top_logits"][step][0], prec) for c, prec in cells.values()]
+        tie = min(c["margin"][step] for c, _ in cells.values()) == 0
+        assert tie == (row["cause"] == "exact tie")
+        assert (min(slack) <= 0 and not tie) == (row["cause"] == "near-tie"), (row["cause"], slack)
+        a, b = cells["a"][0]["token_ids"], cells["b"][0]["token_ids"]
+        if row["rejoin_step"] is not None:
+            r = int(row["rejoin_step"])
+            run_of_a = a[r:r + 4]
+            assert len(run_of_a) == 4 and any(b[j:j + 4] == run_of_a for j in range(step, len(b)))
+    done = [p for p in pairs.values() if p["status"] == "done"]
+    assert all(p["verdict"] for p in done)
+    floor = next(p for p in done if p["axis"] == "repeat")
+    assert floor["verdict"] == "noise floor"
+    judged = [p for p in done if floor["cell_a"] in (p["cell_a"], p["cell_b"]) and p["axis"] != "repeat"]
+    assert judged and all(p["verdict"] != "no floor" for p in judged)
+    for p in done:
+        assert sum(p[f"n_{c.replace('-', '_').replace(' ', '_')}"] for c in CAUSES) == p["n_diverged"]
+    repeats = pq.read_table(run["summary"] / "repeats.parquet").to_pylist()
+    assert [(r["cell_id"], r["runs"]) for r in repeats] == [(floor["cell_a"], 2)]
+    html = run["report"].read_text()
+    assert 'id="noise-floor-table"' in html and 'id="fig-still-identical"' in html
+    body = re.search(r'<table id="diverged-table">.*?<tbody>(.*?)</tbody>', html, re.S).group(1)
+    shown = [_text(re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)[9]) for tr in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+    assert sorted(shown) == sorted(r["cause"] for r in rows)
 
 
 def _headline(html: str) -> list[str]:

@@ -35,7 +35,8 @@ L2 = [4.0, 3.5, 2.0, 1.0]  # same ids, second logit moved by 0.5
 
 def cell_meta(of: Cell, **over):
     meta = {"kind": "cell", "cell": of.as_dict(), "cell_id": of.id,
-            "settings": {"cell": of.as_dict(), "record_top_k": K, "max_new_tokens": 3},
+            "settings": {"cell": of.as_dict(), "record_top_k": K, "max_new_tokens": 3,
+                         "decoding": {"strategy": "greedy"}},
             "model": {"weights_sha256": "w", "tokenizer_sha256": "t"},
             "environment": {"software": {"torch": "2.13.0", "transformers": "5.24.0"},
                             "device": {"name": "cpu"}},
@@ -91,6 +92,10 @@ def test_compare_known_divergence(tmp_path):
     assert rows["p2"]["margin_a_at_div"] == pytest.approx(1.0)
     assert rows["p2"]["dlogit_at_div"] == pytest.approx(1.0)  # token 40: 3.0 vs 4.0
     assert rows["p2"]["margin_b_at_div"] == pytest.approx(0.1)
+    # bf16 at a top logit of 4: one step is 2^(2-7) = 0.03125; both margins are wider and the
+    # logits had moved by 1.0 by then: drift. The single differing last token never rejoins.
+    assert rows["p2"]["cause"] == "drift" and rows["p2"]["rejoin_step"] is None
+    assert rows["p0"]["cause"] is None
     s = meta["summary"]
     assert (s["n_prompts"], s["n_diverged"], s["n_logit_diff_before_div"]) == (3, 1, 2)
     lo, hi = stats.wilson(1, 3)
@@ -98,6 +103,7 @@ def test_compare_known_divergence(tmp_path):
     assert s["accuracy_a"] == 1.0 and s["accuracy_b"] == pytest.approx(2 / 3)
     assert s["mcnemar_p"] == 1.0
     assert s["semantic_agreement"] == pytest.approx(2 / 3)
+    assert (s["n_drift"], s["n_near_tie"], s["n_rejoined"], s["n_answer_differs"]) == (1, 0, 0, 1)
 
 
 def test_statistics_match_reference_values():
@@ -260,7 +266,7 @@ def test_per_prompt_rows_by_hand(hand_rows):
 #   correct a / b     T/T   T/T   T/F   F/F   T/F   T/F
 #   n_tokens a / b    3/3   3/3   3/3   4/2   1/1   2/2
 def test_summary_has_exactly_the_figures_pinned_below(hand_summary):
-    assert len(hand_summary) == 30
+    assert len(hand_summary) == 39
 
 
 def test_summary_scored_prompts(hand_summary):

@@ -78,10 +78,12 @@ def test_the_detectable_difference_has_the_power_it_claims(n, floor):
 
 
 def test_the_first_divergence_curve_by_hand():
-    # parts at 3; identical through 5 (censored); parts at 5; parts at 8; identical through 10.
+    # parts at step 3 (no longer identical after 4 tokens); identical through 5 (censored at
+    # 5); parts at step 5 (after 6); at step 8 (after 9); identical through 10 (censored).
     times, share = still_identical([3, None, 5, 8, None], [9, 5, 9, 9, 10])
-    # at 3: 4 of 5 left; at 5: 4 at risk, 1 parts -> 0.8 * 3/4; at 8: 2 at risk -> 0.6 * 1/2
-    assert times == [3, 5, 8] and share == pytest.approx([0.8, 0.6, 0.3])
+    # after 4: 5 at risk, 1 parts -> 4/5; after 6: 3 at risk (6, 9, 10), 1 parts -> 0.8 * 2/3;
+    # after 9: 2 at risk -> 0.8 * 2/3 * 1/2
+    assert times == [4, 6, 9] and share == pytest.approx([0.8, 0.8 * 2 / 3, 0.8 / 3])
     assert still_identical([None, None], [4, 6]) == ([], [])
     assert math.isnan(upper_bound(0, 0))
 
@@ -102,3 +104,25 @@ def test_plan_says_what_each_comparisons_prompts_can_show():
     head = f"comparison {comp['axis']}: {comp['a']} vs {comp['b']}"
     assert f"{head}: {n} prompts a pair: 0 parted would bound the rate at {upper_bound(0, n):.1%} (95%)" in lines[0]
     assert f"{head}: bounding the rate at 5.6% takes 65 prompts a pair" in lines
+
+
+def test_each_pair_is_judged_against_the_floor_of_either_run_of_its_cells():
+    from tokenflip.verdict import with_verdicts
+
+    def row(axis, a, b, k, n=12):
+        return {"axis": axis, "cell_a": a, "cell_b": b, "n_diverged": k, "n_prompts": n, "status": "done"}
+
+    rows = with_verdicts([
+        row("repeat", "bf16", "bf16-r2", 0),     # bf16 repeats itself: floor 0 of 12
+        row("repeat", "fp16", "fp16-r2", 2),     # fp16 does not: 2 of 12
+        row("precision", "bf16", "fp16", 12),    # judged against the larger floor, 2 of 12
+        row("precision", "bf16-r2", "fp32", 0),  # the second run carries the floor too
+        row("precision", "fp32", "fp64", 3),     # neither cell was repeated
+        {**row("batch_size", "x", "y", 0), "status": "missing"},
+    ])
+    verdicts = [r["verdict"] for r in rows]
+    assert verdicts == ["noise floor", "noise floor", "changes outputs", "identical", "no floor", None]
+    assert rows[2]["floor_rate"] == pytest.approx(2 / 12) and rows[2]["excess"] == pytest.approx(10 / 12)
+    low, _ = confint_proportions_2indep(12, 12, 2, 12, method="newcomb", alpha=0.1)
+    assert rows[2]["excess_low"] == pytest.approx(low)
+    assert "0 of 12 prompts parted when the same setting ran again (at most 26.5% at 95%)" in rows[0]["verdict_words"]

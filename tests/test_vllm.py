@@ -331,6 +331,25 @@ def test_what_vllm_cannot_honour_is_refused_with_the_reason(grid, reason):
     assert reason in _refusal(grid)
 
 
+def test_an_fp8_kv_cache_is_refused_on_a_cpu_without_avx512_or_amx():
+    """vLLM's CPU attention raises at engine start, after loading the model, without AVX-512
+    or AMX: refused before any job on such a CPU, allowed on one with either."""
+    from tokenflip.cpu_flags import cpu_flags
+    from tokenflip.engines.vllm_offline import fp8_cache_problem
+
+    assert "only on x86 with AVX-512 or AMX, and this CPU has neither (it has avx, avx2)" in fp8_cache_problem(
+        frozenset({"fpu", "avx", "avx2", "fma"}))
+    assert fp8_cache_problem(frozenset({"avx2", "avx512f"})) is None
+    assert fp8_cache_problem(frozenset({"avx2", "amx_tile"})) is None
+    problem = fp8_cache_problem(cpu_flags())
+    if problem:  # this machine's own CPU: refused with that reason, or accepted
+        assert f"grids.0: engine 'vllm' with kv_dtype 'fp8_e5m2': {problem}" in _refusal({"kv_dtype": ["fp8_e5m2"]})
+    else:
+        validate({"run": "r", "models": {"smollm2": SMOLLM2}, "benchmarks": {"steps": BENCH}, "comparisons": [],
+                  "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
+                             "kv_dtype": ["fp8_e5m2"]}]}, check_data=False)
+
+
 def test_a_model_whose_head_size_vllms_cpu_attention_lacks_is_refused():
     """A random Llama's heads have 16 dimensions (hidden 64, 4 heads): vLLM's CPU build
     would fail at engine start. With head_dim 64 the same model passes."""

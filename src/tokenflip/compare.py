@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import stats, storage
+from . import causes, stats, storage
 from .axes import AXES
 from .engines import axis_provenance
 from .jobs import Pair
@@ -93,15 +93,24 @@ def scores_of(meta: dict) -> str:
     return str((meta.get("engine") or {}).get("scores", "raw_logits"))
 
 
-def compare_tables(a: pa.Table, b: pa.Table, k: int, logits: bool = True) -> pa.Table:
+# The per-prompt table of a pair file: a file without one of these was made by an earlier
+# tokenflip and is made again (the compare rule's params name them, so Snakemake reruns it).
+PER_PROMPT_COLUMNS = (
+    "prompt_id", "identical", "first_div_step", "steps_compared", "steps_logit_diff", "n_tokens_a", "n_tokens_b",
+    "logit_diff_before_div", "max_abs_dlogit_before_div", "dlogit_at_div", "margin_a_at_div",
+    "margin_b_at_div", "rms_dlogit_before_div", "mean_margin_a", "mean_margin_b", "near_ties_a",
+    "top_logit_a_at_div", "top_logit_b_at_div", "cause", "rejoin_step",
+    "correct_a", "correct_b", "verdict_a", "verdict_b", "extracted_a", "extracted_b", "same_answer")
+
+
+def compare_tables(a: pa.Table, b: pa.Table, k: int, logits: bool = True, precisions: tuple[str, str] | None = None,
+                   greedy: bool = True) -> pa.Table:
     """Per-prompt comparison of two cell tables (rows matched by prompt id); `logits`: the
-    two cells' scores are of one kind (else their differences are not computed)."""
+    two cells' scores are of one kind (else their differences are not computed);
+    `precisions`: what each side's raw logits were computed in (None: not raw logits), and
+    `greedy`: both decoded greedily, for the label of each divergence (`causes`)."""
     index_b = {pid: i for i, pid in enumerate(b.column("prompt_id").to_pylist())}
-    rows: dict[str, list] = {name: [] for name in (
-        "prompt_id", "identical", "first_div_step", "steps_compared", "steps_logit_diff", "n_tokens_a", "n_tokens_b",
-        "logit_diff_before_div", "max_abs_dlogit_before_div", "dlogit_at_div", "margin_a_at_div",
-        "margin_b_at_div", "rms_dlogit_before_div", "mean_margin_a", "mean_margin_b", "near_ties_a",
-        "correct_a", "correct_b", "verdict_a", "verdict_b", "extracted_a", "extracted_b", "same_answer")}
+    rows: dict[str, list] = {name: [] for name in PER_PROMPT_COLUMNS}
     ids_a_col, logit_a_col = a.column("top_ids"), a.column("top_logits")
     ids_b_col, logit_b_col = b.column("top_ids"), b.column("top_logits")
     for i, pid in enumerate(a.column("prompt_id").to_pylist()):
@@ -143,6 +152,17 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int, logits: bool = True) -> pa.
         rows["mean_margin_a"].append(float(np.mean(margin_a)) if margin_a else None)
         rows["mean_margin_b"].append(float(np.mean(margin_b)) if margin_b else None)
         rows["near_ties_a"].append(int(np.sum(np.asarray(margin_a) < NEAR_TIE)))
+        tops = ((float(_steps(logit_a_col, i, k)[first_div, 0]), float(_steps(logit_b_col, j, k)[first_div, 0]))
+                if at_div and precisions else (None, None))
+        rows["top_logit_a_at_div"].append(tops[0])
+        rows["top_logit_b_at_div"].append(tops[1])
+        moved = float(np.nanmax(delta[:first_div + 1])) if at_div and logits and not np.all(
+            np.isnan(delta[:first_div + 1])) else None
+        rows["cause"].append(None if identical else causes.cause(
+            (rows["margin_a_at_div"][-1], rows["margin_b_at_div"][-1]), tops, precisions or ("fp32", "fp32"), moved,
+            ended=not at_div, greedy=greedy, logits=bool(precisions)))
+        rows["rejoin_step"].append(None if identical or not at_div else
+                                   causes.rejoin_step(tok_a.tolist(), tok_b.tolist(), first_div))
         rows["correct_a"].append(a.column("correct")[i].as_py())
         rows["correct_b"].append(b.column("correct")[j].as_py())
         rows["verdict_a"].append(a.column("verdict")[i].as_py())
@@ -224,7 +244,17 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "max_abs_length_diff": int((df["n_tokens_a"] - df["n_tokens_b"]).abs()[~df["identical"]].max())
         if diverged else 0,
         "n_correctness_flips": int((acc_a != acc_b).sum()),
+        # Each divergence's label (`causes`), whether the texts came together again, and
+        # whether the final answers differ (for code, the execution outcome).
+        **{cause_column(c): int((df["cause"] == c).sum()) for c in causes.CAUSES},
+        "n_rejoined": int(df["rejoin_step"].notna().sum()),
+        "n_answer_differs": int((~df["identical"] & ~df["same_answer"].astype(bool)).sum()),
     }
+
+
+def cause_column(cause: str) -> str:
+    """The summary column counting one label: "near-tie" -> n_near_tie."""
+    return "n_" + cause.replace("-", "_").replace(" ", "_")
 
 
 def _ratio(num: float, den: float) -> float:
@@ -246,7 +276,10 @@ def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: 
     # whose scores are of one kind; margins (the same in both where nothing acts on them
     # between the model and the report) and tokens always.
     same_kind = kinds[0] == kinds[1] != "none"
-    per_prompt = compare_tables(table_a, table_b, k, logits=same_kind)
+    greedy = all(m["settings"]["decoding"].get("strategy") == "greedy" for m in (meta_a, meta_b))
+    precisions = (causes.logits_precision(meta_a), causes.logits_precision(meta_b)) \
+        if kinds == ("raw_logits", "raw_logits") else None
+    per_prompt = compare_tables(table_a, table_b, k, logits=same_kind, precisions=precisions, greedy=greedy)
     summary = summarize(per_prompt)
     metadata = {
         "kind": "pair",

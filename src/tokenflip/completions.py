@@ -33,7 +33,8 @@ CELL_COLUMNS = ["prompt_id", "token_ids", "top_ids", "top_logits", "margin", "fi
 COLUMNS = ["pair_id", "label", "axis", "a", "b", "context", "model", "benchmark", "engine", "prompt_id", "step",
            "prefix_chars", "token_a", "token_b", "text_a", "text_b", "token_id_a", "token_id_b",
            "margin_a", "margin_b", "topk_a", "topk_b", "correct_a", "correct_b", "verdict_a", "verdict_b",
-           "extracted_a", "extracted_b", "finish_a", "finish_b", "n_tokens_a", "n_tokens_b"]
+           "extracted_a", "extracted_b", "finish_a", "finish_b", "n_tokens_a", "n_tokens_b", "cause", "rejoin_step",
+           "same_answer"]
 
 
 # Verdicts of a completion in which no answer (or no code) was found.
@@ -136,7 +137,8 @@ def pair_diverged(pair: Pair, prompts: pd.DataFrame, path_a: str | Path, path_b:
         table, _ = storage.read_table(path, columns=CELL_COLUMNS, kind="cell")
         sides[side] = {r["prompt_id"]: r for r in table.to_pylist() if r["prompt_id"] in wanted}
     rows = []
-    for prompt_id, step in zip(prompts["prompt_id"], prompts["first_div_step"].astype(int)):
+    for first in prompts.to_dict("records"):
+        prompt_id, step = first["prompt_id"], int(first["first_div_step"])
         a, b = sides["a"][prompt_id], sides["b"][prompt_id]
         row = {"pair_id": pair.id, "label": pair.label, "axis": pair.axis, "a": str(pair.a.value(pair.axis)),
                "b": str(pair.b.value(pair.axis)), "context": pair.context, "model": pair.a.model,
@@ -154,8 +156,15 @@ def pair_diverged(pair: Pair, prompts: pd.DataFrame, path_a: str | Path, path_b:
         prefix = row.pop("prefix")
         del row["rest_a"], row["rest_b"]
         row["prefix_chars"] = len(prefix) if prefix is not None else None
+        # why they parted, whether they came together again, whether the answers agree (`causes`)
+        row.update({key: _given(first.get(key)) for key in ("cause", "rejoin_step", "same_answer")})
         rows.append(row)
     return rows
+
+
+def _given(value: Any) -> Any:
+    """A summary value, with pandas' missing markers as None."""
+    return None if value is None or (isinstance(value, float) and value != value) else value
 
 
 def parts(row: dict[str, Any]) -> dict[str, str]:

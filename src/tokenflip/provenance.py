@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .cpu_flags import cpu_flags
+
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyarrow", "tokenflip")
 
 
@@ -53,15 +55,7 @@ KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "av
 def cpu_kernels() -> dict[str, Any]:
     """What selects a CPU's kernels: torch's dispatch capability, the extensions of
     KERNEL_FLAGS the CPU has, and the variables that cap oneDNN and the BLAS."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    flags.update(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    flags = cpu_flags()
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu_flags": [flag for flag in KERNEL_FLAGS if flag in flags],
             "mkldnn": bool(torch.backends.mkldnn.is_available()),

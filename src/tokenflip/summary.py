@@ -28,8 +28,13 @@ from .interventions import no_intervention_labels
 from .jobs import Cell, Pair
 from .layout import RunLayout
 from .plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
+from .summary_verdicts import REPEAT_COLUMNS, STILL_IDENTICAL_COLUMNS, repeat_rows, still_identical_rows, streams_of
 
-BASE_TABLES = ("cells", "pairs", "first_divergence", "diverged", "interventions", "environment")
+BASE_TABLES = ("cells", "pairs", "first_divergence", "still_identical", "repeats", "diverged", "interventions",
+               "environment")
+# What the summary keeps of each diverged prompt: where it parted, both margins there, the
+# label of why (`causes`), where the streams came together again, and whether the answers agree.
+FIRST_DIV_FIELDS = ["first_div_step", "margin_a_at_div", "margin_b_at_div", "cause", "rejoin_step", "same_answer"]
 
 
 class ResultError(ValueError):
@@ -178,7 +183,7 @@ def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked,
                 table, meta = check_cell(path, cell, cell_job(config, cell).to_json(),
                                          current_inputs(config, cell.benchmark, inputs))
                 row.update(cell_row(cell, table, meta))
-                metas[cell.id] = {**meta, "_triggered": triggered_prompts(table)}
+                metas[cell.id] = {**meta, "_triggered": triggered_prompts(table), "_streams": streams_of(table)}
             except ResultError as exc:
                 checked.refuse(path, str(exc))
                 row.update(status="refused", error=str(exc))
@@ -202,6 +207,9 @@ def check_pair(path: str, pair: Pair, cell_metas: dict[str, dict]) -> tuple[pa.T
         table, meta = storage.read_table(path, kind="pair")
     except storage.StorageError as exc:
         raise ResultError(f"{exc}; {_redo(path)}") from None
+    missing = [c for c in compare.PER_PROMPT_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ResultError(f"{path}: made by an earlier tokenflip (no column {missing[0]!r}); {_redo(path)}")
     if meta.get("pair", {}).get("id") != pair.id:
         raise ResultError(f"{path}: holds pair {meta.get('pair', {}).get('id')!r}, not {pair.id!r}; {_redo(path)}")
     for side, cell in (("a", pair.a), ("b", pair.b)):
@@ -216,10 +224,12 @@ def check_pair(path: str, pair: Pair, cell_metas: dict[str, dict]) -> tuple[pa.T
 
 
 def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, dict], checked: Checked,
-              pairs: list[Pair] | None = None) -> tuple[list[dict], list[dict], dict[str, pd.DataFrame]]:
+              pairs: list[Pair] | None = None
+              ) -> tuple[list[dict], list[dict], dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """One row per planned pair; the first-divergence rows; each usable pair's per-prompt
-    agreement (for the interventions table)."""
-    rows, first_div, agreement = [], [], {}
+    agreement (for the interventions table) and first divergence with lengths (for the
+    first-divergence curve)."""
+    rows, first_div, agreement, lengths = [], [], {}, {}
     none = no_intervention_labels(config)
     for pair in pairs if pairs is not None else expand_pairs(config, expand_cells(config)):
         path = layout.pair(pair.id)
@@ -237,15 +247,16 @@ def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, d
                 row.update(status="done", **compare.summarize(table), machine_a=meta["machines"]["a"],
                            machine_b=meta["machines"]["b"],
                            n_agree_without_answer=completions.answerless_agreements(table.to_pandas()))
-                df = table.select(["prompt_id", "identical", "first_div_step", "margin_a_at_div",
-                                   "margin_b_at_div"]).to_pandas()
+                df = table.select(["prompt_id", "identical", *FIRST_DIV_FIELDS, "n_tokens_a", "n_tokens_b"]
+                                  ).to_pandas()
                 agreement[pair.id] = df.set_index("prompt_id")[["identical"]].rename(columns={"identical": "agree"})
-                for rec in df[df["first_div_step"].notna()].drop(columns="identical").to_dict("records"):
+                lengths[pair.id] = df
+                for rec in df[df["first_div_step"].notna()][["prompt_id", *FIRST_DIV_FIELDS]].to_dict("records"):
                     first_div.append({"pair_id": pair.id, "label": pair.label, "axis": pair.axis,
                                       "context": pair.context, "model": pair.a.model,
                                       "benchmark": pair.a.benchmark, **rec})
         rows.append(row)
-    return rows, first_div, agreement
+    return rows, first_div, agreement, lengths
 
 
 def probe_frames(config: dict[str, Any], layout: RunLayout, checked: Checked,
@@ -314,15 +325,17 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
     planned_pairs = expand_pairs(config, planned_cells)
     cells, metas = cell_rows(config, layout, checked, planned_cells)
     cells_df = pd.DataFrame(cells)
-    pairs, first_div, agreement = pair_rows(config, layout, metas, checked, planned_pairs)
+    pairs, first_div, agreement, per_prompt = pair_rows(config, layout, metas, checked, planned_pairs)
     first_div = pd.DataFrame(first_div, columns=[
-        "pair_id", "label", "axis", "context", "model", "benchmark", "prompt_id", "first_div_step",
-        "margin_a_at_div", "margin_b_at_div"])
+        "pair_id", "label", "axis", "context", "model", "benchmark", "prompt_id", *FIRST_DIV_FIELDS])
     diverged = completions.diverged_frame(planned_pairs, first_div, layout, metas, checked.refuse)
     frames = {
         "cells": cells_df,
         "pairs": pd.DataFrame(with_verdicts(pairs, config["verdict"]["margin"])),
         "first_divergence": first_div,
+        "still_identical": pd.DataFrame(still_identical_rows(planned_pairs, per_prompt),
+                                        columns=STILL_IDENTICAL_COLUMNS),
+        "repeats": pd.DataFrame(repeat_rows(planned_cells, metas), columns=REPEAT_COLUMNS),
         "diverged": diverged,
         "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df, metas, planned_pairs)),
         "environment": pd.DataFrame(environment_rows(metas), columns=["kind", "name", "json"]),

@@ -114,12 +114,12 @@ def detectable_difference(n: int, floor: float = 0.0, power: float = 0.8, alpha:
 
 def still_identical(first_div: list[int | None], lengths: list[int]) -> tuple[list[int], list[float]]:
     """The share of prompts still identical after t generated tokens (Kaplan–Meier, through
-    statsmodels' SurvfuncRight): a prompt that parts at token t is an event at t; one that
-    ends identical is censored at its length. Times and the curve's value after each."""
-    import numpy as np
+    statsmodels' SurvfuncRight): a prompt whose streams part at step s (0-based) is no longer
+    identical once s + 1 tokens are generated, an event at s + 1; one that ends identical is
+    censored at its length (nothing is known of it beyond). Times and the curve after each."""
     from statsmodels.duration.survfunc import SurvfuncRight
 
-    times = np.array([t if t is not None else length for t, length in zip(first_div, lengths)], dtype=float)
+    times = np.array([t + 1 if t is not None else length for t, length in zip(first_div, lengths)], dtype=float)
     events = np.array([t is not None for t in first_div], dtype=int)
     if not events.any():
         return [], []
@@ -130,10 +130,13 @@ def still_identical(first_div: list[int | None], lengths: list[int]) -> tuple[li
 def with_verdicts(rows: list[dict], margin: float = MARGIN, alpha: float = ALPHA) -> list[dict]:
     """The summary's pair rows, each with its verdict: a repeat pair is itself a noise floor
     (the divergence of one setting run again); every other pair is judged against the floors
-    measured for its two cells (the repeat pairs whose first cell is one of them), the larger
-    of the two."""
-    floors = {row["cell_a"]: (int(row["n_diverged"]), int(row["n_prompts"])) for row in rows
-              if row.get("axis") == "repeat" and row.get("status") == "done"}
+    measured for its two cells (every repeat pair either run of which is one of them), the
+    largest."""
+    floors: dict[str, list[tuple[int, int]]] = {}
+    for row in rows:
+        if row.get("axis") == "repeat" and row.get("status") == "done":
+            for cell in (row["cell_a"], row["cell_b"]):  # a floor of both runs
+                floors.setdefault(cell, []).append((int(row["n_diverged"]), int(row["n_prompts"])))
     out = []
     for row in rows:
         row = dict(row)
@@ -149,7 +152,7 @@ def with_verdicts(rows: list[dict], margin: float = MARGIN, alpha: float = ALPHA
                         "excess": None, "excess_low": None, "excess_high": None, "p_above": None,
                         "upper_bound": bound})
             continue
-        floor = larger_floor([floors.get(row["cell_a"]), floors.get(row["cell_b"])])
+        floor = larger_floor([*floors.get(row["cell_a"], []), *floors.get(row["cell_b"], [])])
         v = judge(k, n, *(floor or (None, None)), margin=margin, alpha=alpha)
         out.append({**row, "verdict": v.label, "verdict_words": v.words, "floor_rate": v.floor, "excess": v.excess,
                     "excess_low": v.excess_low, "excess_high": v.excess_high, "p_above": v.p_above,

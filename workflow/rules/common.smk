@@ -6,6 +6,7 @@ import json
 
 from tokenflip.benchmarks import build_benchmark
 from tokenflip.bounds import longest_generation
+from tokenflip.compare import PER_PROMPT_COLUMNS
 from tokenflip.engines import engine as engine_of
 from tokenflip.axes import AXES, cell_name_pattern
 from tokenflip.jobs import Cell, Pair

@@ -8,6 +8,9 @@ rule compare:
         LAYOUT.pair_pattern,
     params:
         pair=pair_id,
+        # Not read by the command: a pair file made with other per-prompt columns (an earlier
+        # tokenflip) has other params on record, so Snakemake makes it again.
+        columns=",".join(PER_PROMPT_COLUMNS),
     log:
         LAYOUT.log("compare", "{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}"),
     priority: compare_priority

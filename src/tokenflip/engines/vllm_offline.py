@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..axes import Proof
+from ..cpu_flags import cpu_flags
 from . import worker
 from .base import Decoded, Engine, grid_values
 from .vllm_support import VllmError, check_resolved, cuda_devices, generations, head_size_problem
@@ -49,6 +50,17 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 # precision -> vLLM's dtype
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+
+
+def fp8_cache_problem(flags: frozenset[str]) -> str | None:
+    """Why vLLM's CPU build cannot store an FP8 KV cache on a CPU with these flags (its CPU
+    attention backend raises "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" when the
+    engine starts, after the model has loaded); None where it can."""
+    if "avx512f" in flags or "amx_tile" in flags:
+        return None
+    return ("vLLM's CPU build stores an FP8 KV cache only on x86 with AVX-512 or AMX, and this CPU has neither "
+            f"(it has {', '.join(sorted(f for f in flags if f.startswith(('avx', 'amx', 'asimd')))) or 'no such flags'}); "
+            "run these cells on a machine that has them, or leave kv_dtype at default")
 # The variables that select vLLM's kernels and placement; recorded with each cell.
 ENV_KEYS = ("VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
             "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ATTENTION_BACKEND", "VLLM_ENABLE_V1_MULTIPROCESSING",
@@ -183,6 +195,8 @@ class Vllm(Engine):
         for kv in values("kv_dtype"):
             if kv not in ("default", *KV_DTYPES):
                 yield f"{where}: engine 'vllm' with kv_dtype {kv!r}: vLLM's KV cache stores {', '.join(KV_DTYPES)}"
+            elif kv in KV_DTYPES and device == "cpu" and (problem := fp8_cache_problem(cpu_flags())):
+                yield f"{where}: engine 'vllm' with kv_dtype {kv!r}: {problem}"
         for dev in values("device"):
             if device and dev in ("cpu", "cuda") and dev != device:
                 yield (f"{where}: engine 'vllm' with device {dev!r}: the installed vLLM build "

@@ -11,6 +11,7 @@ import jinja2
 import pandas as pd
 
 from .. import paper, storage
+from ..causes import CAUSE_WORDS
 from .common import AXIS_WORDS, KV_DTYPE_WORDS, in_words, value_words, _fmt, _pct, _read_optional
 from .diverged import diverged_view, outcome, visible
 from .exports import visible_controls, write_csv
@@ -21,6 +22,7 @@ from .overview import overview_figures
 from .tables import (
     cv_heuristic, drilldown_table, flip_table, form_claims, grafting_table, kv_claims, kv_table, lens_table,
     patching_layer_table, patching_table, precision_table, probe_claims, traced_prompts)
+from .verdicts import noise_floor_rows, still_identical_figure, verdict_counts, why_parted
 
 
 _TEMPLATES = jinja2.Environment(
@@ -33,6 +35,7 @@ _TEMPLATES.filters["fmt"] = _fmt
 _TEMPLATES.filters["pct"] = _pct
 _TEMPLATES.filters["visible"] = visible
 _TEMPLATES.filters["shown"] = lambda v: "–" if v is None else ", ".join(map(str, v)) if isinstance(v, list) else v
+_TEMPLATES.filters["cause_words"] = lambda cause: CAUSE_WORDS.get(cause, "")
 _TEMPLATES.filters["answer_words"] = lambda correct, verdict: outcome(correct, verdict, None, 0)
 
 
@@ -71,8 +74,11 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
                          kv_steps=kv_steps, kv_layers=kv_layers, kv_patching=kv_patching,
                          precision_steps=prec_steps, grafting=grafting, lens=lens),
             paper.Study.of(config), _device_label(environment))),
-        pairs=pairs_df.sort_values(["model", "benchmark", "axis", "a", "b", "context"]).to_dict("records")
-        if not pairs_df.empty else [],
+        pairs=[{**p, "why_parted": why_parted(p)} for p in pairs_df.sort_values(
+            ["model", "benchmark", "axis", "a", "b", "context"]).to_dict("records")] if not pairs_df.empty else [],
+        verdict_counts=verdict_counts(done_pairs),
+        noise_floor_rows=noise_floor_rows(_read_optional(summary_dir / "repeats.parquet"), pairs_df),
+        fig_still_identical=still_identical_figure(_read_optional(summary_dir / "still_identical.parquet")),
         cells=cells_df.sort_values("cell_id").to_dict("records") if not cells_df.empty else [],
         # The cells of live endpoints that finished (a summary without endpoints has no such column).
         endpoint_cells=[c for c in cells_df.sort_values("cell_id").to_dict("records")

@@ -1,0 +1,102 @@
+"""Why two greedy token streams parted, per diverged prompt: at the first differing token, an
+exact tie, a near-tie or drift; then whether the texts come back together.
+
+arXiv 2609.26621 §I.3: "a token can flip when a competitor's differential perturbation
+exceeds its original logit gap". The gap that no perturbation can be smaller than is one step
+of the format the logits were computed in, at the logit's magnitude (bf16 keeps 8 significant
+bits: at 24.5 one step is 0.125; fp16 keeps 11, fp32 24). So, at the step where they part:
+
+- `exact tie`: a side's top two logits are equal (its choice was the tie-break);
+- `near-tie`: a side's top-1 minus top-2 margin is at most one step of its precision at its
+  top logit: one rounding of either logit can reverse it;
+- `drift`: both margins are wider than that, and the two sides' logits for the same tokens
+  had moved apart by more than one step by then (before that step or at it): the difference
+  came from the computation, not from the rounding of the last logit;
+- `unexplained`: wider margins and no logit moved that far: the choice rule itself differed
+  (a penalty or processor acting after the scores, which a live server can apply);
+- `ended`: one side stopped (a stop string) where the other went on;
+- `sampled`: not greedy: the chosen token need not be the top one, so a margin explains
+  nothing;
+- `no logits`: the two sides' scores are not raw logits of one kind (a server's logprobs
+  hold no logit magnitude), so neither the step nor the drift can be read.
+
+They `rejoin` when, after parting, the two streams share a run of REJOIN_RUN tokens again in
+the same order (difflib's matching blocks): a reworded step that returns to the same text.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+
+# Significant bits (the implicit one included) and the smallest normal exponent of each format.
+FORMATS = {"fp32": (24, -126), "bf16": (8, -126), "fp16": (11, -14)}
+
+# Four tokens (about three words) again in the same order: longer than the one- and two-token
+# runs (a space, a digit, "the") that two unrelated texts share by chance.
+REJOIN_RUN = 4
+
+CAUSES = ("exact tie", "near-tie", "drift", "unexplained", "ended", "sampled", "no logits")
+CAUSE_WORDS = {
+    "exact tie": "a side's top two logits were equal: its tie-break chose the token",
+    "near-tie": "a side's top-1 minus top-2 margin was within one step of its precision at that logit: one "
+                "rounding could reverse it",
+    "drift": "both margins were wider than one step of the precision, and the logits had moved apart by more "
+             "than that by this step: the computation differed, not the last rounding",
+    "unexplained": "wider margins and no logit moved that far: a rule acting after the scores (a penalty or "
+                   "processor) chose differently",
+    "ended": "one side stopped where the other went on",
+    "sampled": "not greedy: the chosen token need not be the top one",
+    "no logits": "the two sides' scores are not raw logits of one kind: the step of precision cannot be read",
+}
+
+
+def logits_precision(meta: dict) -> str:
+    """The format a cell's logits were computed in: the engine's recorded activations where
+    it records them (llama.cpp computes in fp32 whatever its KV cache type), else the cell's
+    precision (transformers' LM head outputs its dtype; vLLM's logits follow the model's)."""
+    return str((meta.get("engine") or {}).get("activations") or meta["cell"]["precision"])
+
+
+def resolution(value: float, precision: str) -> float:
+    """One step of `precision` at |value| (the spacing of representable numbers there):
+    2^(e − (p − 1)) for a value in [2^e, 2^(e+1)), p significant bits."""
+    bits, min_exp = FORMATS[precision]
+    mantissa, exp = math.frexp(abs(float(value)))  # value = mantissa · 2^exp, 0.5 ≤ mantissa < 1
+    return 2.0 ** (max(exp - 1, min_exp) - (bits - 1))
+
+
+def cause(margins: tuple[float | None, float | None], tops: tuple[float | None, float | None],
+          precisions: tuple[str, str], moved: float | None, *, ended: bool = False, greedy: bool = True,
+          logits: bool = True) -> str:
+    """The label of one divergence (see the module's docstring): each side's top-1 minus
+    top-2 margin and top logit at the step where they part, the precision each side's logits
+    were computed in, and `moved`: the largest |Δlogit| between the two sides' shared top-k
+    tokens up to and including that step."""
+    if not greedy:
+        return "sampled"
+    if ended:
+        return "ended"
+    if any(m is None or math.isnan(m) for m in margins):
+        return "no logits"
+    if min(margins) == 0:
+        return "exact tie"
+    if not logits or any(t is None or math.isnan(t) for t in tops):
+        return "no logits"
+    steps = [resolution(top, prec) for top, prec in zip(tops, precisions)]
+    if any(margin <= step for margin, step in zip(margins, steps)):
+        return "near-tie"
+    if moved is not None and not math.isnan(moved) and moved > max(steps):
+        return "drift"
+    return "unexplained"
+
+
+def rejoin_step(tokens_a: list[int], tokens_b: list[int], first_div: int) -> int | None:
+    """The step (in a's stream) where the two streams, after parting at `first_div`, share
+    REJOIN_RUN tokens in a row again; None if they never do."""
+    tail_a, tail_b = list(tokens_a[first_div:]), list(tokens_b[first_div:])
+    matcher = difflib.SequenceMatcher(None, tail_a, tail_b, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        if block.size >= REJOIN_RUN:
+            return first_div + block.a
+    return None

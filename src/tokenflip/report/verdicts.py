@@ -1,0 +1,81 @@
+"""The report's verdict section: each comparison's verdict against the engine's own noise
+floor, the floors themselves (with the distinct completions each prompt got over its runs),
+why each pair's prompts parted, and the first-divergence curve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ..causes import CAUSES
+from ..compare import cause_column
+from ..verdict import upper_bound
+from .common import in_words, legend_outside, palette, _svg
+
+# The order the verdicts are listed in: what a release engineer acts on first.
+VERDICT_ORDER = ("changes outputs", "undecided", "no floor", "within noise", "identical", "noise floor")
+
+
+def why_parted(pair: dict[str, Any]) -> str:
+    """A pair's diverged prompts by label ("2 near-tie, 1 drift; 1 rejoined; 2 final answers
+    differ"), empty where none parted or the summary predates the labels."""
+    def count(key: str) -> int:
+        value = pair.get(key)
+        return 0 if value is None or pd.isna(value) else int(value)
+
+    if pair.get("status") != "done" or not count("n_diverged") or cause_column(CAUSES[0]) not in pair:
+        return ""
+    labels = ", ".join(f"{count(cause_column(c))} {c}" for c in CAUSES if count(cause_column(c)))
+    answers = count("n_answer_differs")
+    return (f"{labels}; {count('n_rejoined')} rejoined; "
+            f"{answers} final answer{'s' if answers != 1 else ''} differ{'s' if answers == 1 else ''}")
+
+
+def verdict_counts(pairs: pd.DataFrame) -> list[dict[str, Any]]:
+    """How many comparisons got each verdict, in VERDICT_ORDER."""
+    if pairs.empty or "verdict" not in pairs:
+        return []
+    counts = pairs["verdict"].dropna().value_counts()
+    return [{"verdict": v, "n": int(counts[v])} for v in VERDICT_ORDER if v in counts]
+
+
+def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[str, Any]]:
+    """One row per setting run more than once: its runs, the prompts whose runs did not all
+    give one completion, the most distinct completions of a prompt, and the floor (the
+    repeat pairs' divergence, with the bound a zero gives)."""
+    if repeats.empty:
+        return []
+    floors = pairs[(pairs["axis"] == "repeat") & (pairs["status"] == "done")] if not pairs.empty else pairs
+    rows = []
+    for rep in repeats.to_dict("records"):
+        mine = floors[floors["cell_a"] == rep["cell_id"]] if not floors.empty else floors
+        k, n = (int(mine["n_diverged"].max()), int(mine["n_prompts"].max())) if len(mine) else (None, None)
+        rows.append({"model": rep["model"], "benchmark": rep["benchmark"], "setting": in_words(rep),
+                     "cell_id": rep["cell_id"], "runs": int(rep["runs"]), "n_prompts": int(rep["n_prompts"]),
+                     "n_varied": int(rep["n_varied"]), "max_distinct": int(rep["max_distinct"]),
+                     "floor_diverged": k, "floor_prompts": n,
+                     "floor_bound": upper_bound(k, n) if k is not None else None})
+    return rows
+
+
+def still_identical_figure(curves: pd.DataFrame) -> str | None:
+    """The share of prompts still identical after t generated tokens (Kaplan–Meier: prompts
+    that end identical are censored), one line per comparison, a panel per model and benchmark."""
+    if curves.empty:
+        return None
+    panels = list(curves.groupby(["model", "benchmark"], sort=True))
+    colours = palette(curves["comparison"])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(6.5, 3.2 * len(panels)), squeeze=False)
+    for ax, ((model, bench), data) in zip(axes[:, 0], panels):
+        for comparison, line in data.groupby("comparison", sort=True):
+            ax.step(line["tokens"], line["still_identical"], where="post", label=comparison,
+                    color=colours[comparison], linewidth=1.6)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("generated tokens")
+        ax.set_ylabel("share still identical")
+        if len(panels) > 1:
+            ax.set_title(f"{model} · {bench}", fontsize=10)
+        legend_outside(ax)
+    return _svg(fig)

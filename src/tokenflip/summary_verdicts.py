@@ -1,0 +1,80 @@
+"""The summary's tables behind the verdicts: each setting's noise floor as the distinct
+completions its prompts got over its runs (the `repeat` axis), and each comparison's
+first-divergence curve (Kaplan–Meier)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .axes import AXES, FURTHER_AXES
+from .jobs import Cell, Pair
+
+STILL_IDENTICAL_COLUMNS = ["model", "benchmark", "axis", "a", "b", "comparison", "n_prompts", "tokens",
+                           "still_identical"]
+
+
+def streams_of(table: pa.Table) -> dict[str, str]:
+    """Each prompt's generated token ids as a short digest, to count distinct completions."""
+    return {pid: hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16]
+            for pid, ids in zip(table.column("prompt_id").to_pylist(), table.column("token_ids").to_pylist())}
+
+
+# A setting run more than once (the `repeat` axis): how many distinct completions each prompt
+# got over its runs, the "unique outputs in N runs" figure of determinism tests.
+REPEAT_COLUMNS = ["cell_id", "model", "benchmark", *(a for a in AXES if a != "repeat"), "runs", "n_prompts",
+                  "n_varied", "max_distinct", "mean_distinct"]
+
+
+def repeat_rows(cells: list[Cell], metas: dict[str, dict]) -> list[dict[str, Any]]:
+    """One row per setting with at least two finished runs (cells that differ only in
+    `repeat`), under the first run's id: prompts whose runs did not all give one completion
+    (`n_varied`), and the most and mean distinct completions per prompt."""
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        if cell.id in metas:
+            key = tuple((k, str(v)) for k, v in sorted(cell.as_dict().items()) if k != "repeat")
+            groups.setdefault(key, []).append(cell)
+    rows = []
+    for runs in groups.values():
+        if len(runs) < 2:
+            continue
+        runs = sorted(runs, key=lambda c: str(c.repeat) != str(FURTHER_AXES["repeat"]))  # the first run first
+        streams = [metas[c.id]["_streams"] for c in runs]
+        prompts = sorted(set.intersection(*(set(s) for s in streams)))
+        distinct = np.array([len({s[p] for s in streams}) for p in prompts])
+        first = runs[0]
+        rows.append({"cell_id": first.id, **{k: v for k, v in first.as_dict().items() if k != "repeat"},
+                     "runs": len(runs), "n_prompts": len(prompts), "n_varied": int((distinct > 1).sum()),
+                     "max_distinct": int(distinct.max()) if len(prompts) else 0,
+                     "mean_distinct": float(distinct.mean()) if len(prompts) else float("nan")})
+    return rows
+
+
+def still_identical_rows(pairs: list[Pair], per_prompt: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
+    """The first-divergence curve of each comparison (its pairs' prompts pooled), per model
+    and benchmark: the share of prompts still identical after t generated tokens
+    (Kaplan–Meier, `verdict.still_identical`), as steps from (0, 1) to the longest stream."""
+    from .verdict import still_identical
+
+    pooled: dict[tuple, list[pd.DataFrame]] = {}
+    for pair in pairs:
+        if pair.id in per_prompt:
+            key = (pair.a.model, pair.a.benchmark, pair.axis, str(pair.a.value(pair.axis)),
+                   str(pair.b.value(pair.axis)))
+            pooled.setdefault(key, []).append(per_prompt[pair.id])
+    rows = []
+    for (model, bench, axis, a, b), frames in pooled.items():
+        df = pd.concat(frames, ignore_index=True)
+        first = [None if pd.isna(t) else int(t) for t in df["first_div_step"]]
+        length = df[["n_tokens_a", "n_tokens_b"]].min(axis=1).astype(int).tolist()
+        times, share = still_identical(first, length)
+        points = [(0, 1.0), *zip(times, share)]
+        points.append((max([*length, *times, 0]), points[-1][1]))
+        rows += [{"model": model, "benchmark": bench, "axis": axis, "a": a, "b": b, "comparison": f"{axis}: {a} vs {b}",
+                  "n_prompts": len(df), "tokens": int(t), "still_identical": float(p)} for t, p in points]
+    return rows

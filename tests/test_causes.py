@@ -1,0 +1,67 @@
+"""Each divergence's label, worked by hand: one step of each format at a logit's magnitude
+(checked against numpy's and torch's own spacing), the order of the labels, and where two
+streams come together again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tokenflip import compare
+from tokenflip.causes import cause, rejoin_step, resolution
+
+from test_storage_compare import K, hand_tables
+
+
+@pytest.mark.parametrize("value", [24.5, 4.0, 1.0, 0.7, 1000.0, -24.5, 3e-5])
+def test_one_step_of_each_format_is_the_libraries_spacing(value):
+    assert resolution(value, "fp32") == float(np.spacing(np.float32(abs(value))))
+    assert resolution(value, "fp16") == float(np.spacing(np.float16(abs(value))))
+    x = torch.tensor(abs(value), dtype=torch.bfloat16)
+    assert resolution(value, "bf16") == float(torch.nextafter(x, torch.tensor(np.inf, dtype=torch.bfloat16)) - x)
+
+
+def test_one_bf16_step_at_24_5_is_an_eighth():
+    # 24.5 lies in [16, 32): bf16 keeps 8 significant bits, so steps of 16 / 2^7 = 0.125
+    assert resolution(24.5, "bf16") == 0.125 and resolution(24.5, "fp16") == 2 ** -6
+
+
+def test_labels_in_order_of_what_explains_the_flip():
+    bf16 = ("bf16", "bf16")
+    assert cause((0.0, 0.3), (24.5, 24.5), bf16, 5.0) == "exact tie"
+    assert cause((0.125, 0.3), (24.5, 24.5), bf16, 5.0) == "near-tie"  # exactly one step
+    assert cause((0.3, 0.125), (24.5, 24.5), bf16, 5.0) == "near-tie"  # either side
+    assert cause((0.126, 0.3), (24.5, 24.5), bf16, 0.2) == "drift"  # moved by more than a step
+    assert cause((0.126, 0.3), (24.5, 24.5), bf16, 0.1) == "unexplained"  # neither
+    # the same margin is wide in fp16 (a step of 1/64 at 24.5): the logits moved
+    assert cause((0.125, 0.3), (24.5, 24.5), ("fp16", "fp16"), 0.2) == "drift"
+    # the coarser side decides "moved": 0.1 is more than an fp16 step but not a bf16 one
+    assert cause((0.2, 0.3), (24.5, 24.5), ("fp16", "bf16"), 0.1) == "unexplained"
+    assert cause((0.2, 0.3), (24.5, 24.5), bf16, 5.0, greedy=False) == "sampled"
+    assert cause((None, None), (None, None), bf16, None, ended=True) == "ended"
+    assert cause((0.2, 0.3), (None, None), bf16, None, logits=False) == "no logits"
+    assert cause((0.0, 0.3), (None, None), bf16, None, logits=False) == "exact tie"  # a tie needs no magnitude
+
+
+def test_rejoin_needs_four_tokens_in_a_row_again():
+    a = [1, 2, 3, 9, 4, 5, 6, 7]
+    b = [1, 2, 3, 8, 8, 4, 5, 6, 7]
+    assert rejoin_step(a, b, 3) == 4  # 4 5 6 7 again, at a's step 4
+    assert rejoin_step(a[:-1], b[:-1], 3) is None  # 4 5 6: three only
+    assert rejoin_step([1, 9, 9, 9, 9], [1, 8, 9, 9, 9, 9], 1) == 1
+
+
+def test_hand_tables_labelled_as_bf16():
+    rows = {r["prompt_id"]: r for r in compare.compare_tables(*hand_tables(), K, precisions=("bf16", "bf16"))
+            .to_pylist()}
+    # p2: margins 0.25 and 0.5 at a top logit of 4 (a bf16 step: 1/32), logits moved 0.5: drift;
+    # p3: b stopped where a went on; p4: margins 0.5 / 0.25, moved 0.5 at step 0: drift;
+    # p5: both margins 0 (an exact tie broken two ways).
+    assert {p: rows[p]["cause"] for p in rows} == {"p0": None, "p1": None, "p2": "drift", "p3": "ended",
+                                                   "p4": "drift", "p5": "exact tie"}
+    assert rows["p2"]["top_logit_a_at_div"] == 4.0 and rows["p3"]["top_logit_a_at_div"] is None
+    summary = compare.summarize(compare.compare_tables(*hand_tables(), K))  # not labelled as raw logits
+    assert (summary["n_exact_tie"], summary["n_ended"], summary["n_no_logits"], summary["n_drift"]) == (1, 1, 2, 0)
+    # same_answer: p2 no, p3 yes (both "4"), p4 no, p5 no
+    assert summary["n_answer_differs"] == 3 and summary["n_rejoined"] == 0
