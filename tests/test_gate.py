@@ -74,3 +74,35 @@ def test_the_gate_passes_under_a_looser_bound_and_reads_only_the_comparisons_ask
 def test_a_bound_that_is_not_a_share_is_refused(tmp_path, bound):
     proc = _run(tmp_path, [_row("quiet", 0)], "--max-divergence", bound)
     assert proc.returncode == 2 and "--max-divergence" in proc.stderr
+
+
+def test_the_gate_a_study_declares_travels_with_its_summary(tmp_path):
+    """`gate: {max_divergence, comparisons}` in the config: the summary carries it, and
+    `tokenflip gate RUN` applies it where no bound is given; a bound given replaces it."""
+    import pyarrow as pa
+
+    from tokenflip import storage
+
+    rows = with_verdicts([_row("loud", 20), _row("quiet", 0, axis="load"), _row("big", 20, axis="order")])
+    (tmp_path / "summary").mkdir()
+    path = tmp_path / "summary" / "pairs.parquet"
+
+    def write(gate):
+        storage.write_table(pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False), path,
+                            {"kind": "summary", "table": "pairs", "run": "r", "gate": gate})
+
+    def gate(*args):
+        return subprocess.run([sys.executable, "-m", "tokenflip", "gate", str(tmp_path), *args], capture_output=True,
+                              text=True, timeout=300)
+
+    write(None)
+    proc = gate()
+    assert proc.returncode == 1 and "no bound to gate on: give --max-divergence" in proc.stderr
+    write({"max_divergence": 0.5, "comparisons": ["concurrency", "load"]})
+    proc = gate()  # 20 of 64 is not above 50% with confidence; "order" is not gated
+    assert proc.returncode == 0 and "2 comparison(s), 0 failed" in proc.stderr, proc.stderr
+    write({"max_divergence": 0.05})
+    proc = gate()
+    assert proc.returncode == 1 and "3 comparison(s), 2 failed" in proc.stderr
+    proc = gate("--max-divergence", "0.5")  # given on the command line: the declared one is not read
+    assert proc.returncode == 0 and "3 comparison(s), 0 failed" in proc.stderr

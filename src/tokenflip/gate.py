@@ -1,4 +1,5 @@
-"""`tokenflip gate RUN --max-divergence X`: a run's comparisons as a CI gate. A comparison
+"""`tokenflip gate RUN [--max-divergence X]`: a run's comparisons as a CI gate (the bound given,
+or the `gate` block the study's config declares). A comparison
 fails when its divergence is above X with confidence (the lower end of its 95% Wilson
 interval is above X), or when its accuracy dropped significantly (b below a, exact McNemar
 p < 0.05); the command exits 1 naming each failing comparison, its verdict and its figures,
@@ -26,6 +27,19 @@ def failures(row: dict, max_divergence: float) -> list[str]:
     return out
 
 
+def declared_gate(path: Path) -> dict:
+    """The `gate` block of the config the summary was made from ({} where none was declared)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from .storage import META_KEY
+
+    meta = pq.read_schema(path).metadata or {}
+    raw = meta.get(META_KEY)
+    return (json.loads(raw).get("gate") or {}) if raw else {}
+
+
 def cmd_gate(args) -> None:
     import pandas as pd
     from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
@@ -36,10 +50,16 @@ def cmd_gate(args) -> None:
     if not path.is_file():
         raise ResultError(f"{path}: no summary of pairs (run the study to its summary first: `make run`)")
     pairs = pd.read_parquet(path)
-    if args.comparison:
-        pairs = pairs[pairs["axis"].isin(args.comparison) | pairs["label"].isin(args.comparison)]
+    declared = declared_gate(path)
+    max_divergence = args.max_divergence if args.max_divergence is not None else declared.get("max_divergence")
+    if max_divergence is None:
+        raise ResultError(f"{path}: no bound to gate on: give --max-divergence, or declare one in the study's config "
+                          f"(gate: {{max_divergence: 0.05}}) and summarise it again")
+    comparisons = args.comparison or (declared.get("comparisons") if args.max_divergence is None else None)
+    if comparisons:
+        pairs = pairs[pairs["axis"].isin(comparisons) | pairs["label"].isin(comparisons)]
         if pairs.empty:
-            raise ResultError(f"{path}: no comparison matches {args.comparison} (axes or labels such as "
+            raise ResultError(f"{path}: no comparison matches {comparisons} (axes or labels such as "
                               f"'concurrency: default vs 8')")
     suite = TestSuite(f"tokenflip gate {Path(args.run).name}")
     failed = []
@@ -49,7 +69,7 @@ def cmd_gate(args) -> None:
         if row["status"] != "done":
             case.result = [Skipped(f"{row['status']}: a cell of this comparison did not finish")]
         else:
-            why = failures(row, args.max_divergence)
+            why = failures(row, max_divergence)
             if why:
                 case.result = [Failure("; ".join(why), type_="tokenflip.gate")]
                 failed.append(f"{row['label']} [{row['context']}]: {'; '.join(why)}; verdict: {verdict}")
@@ -73,8 +93,9 @@ def add_command(sub) -> None:
                                     "confidence or loses accuracy significantly; writes JUnit XML for CI")
     path_arg(p, "run", kind="dir", help="the run's results directory (results/<run>)")
     # Above 0: a bound of 0 would fail on any one prompt's divergence, which 1e-6 does too.
-    p.add_argument("--max-divergence", type=number(1e-6, 1, "(a share of prompts)"), required=True,
-                   help="the largest share of prompts allowed to part, above 0 (0.05 = 5%%)")
+    p.add_argument("--max-divergence", type=number(1e-6, 1, "(a share of prompts)"),
+                   help="the largest share of prompts allowed to part, above 0 (0.05 = 5%%); default: the "
+                        "study's `gate.max_divergence`, with its `gate.comparisons`")
     p.add_argument("--comparison", nargs="+", help="only these comparisons: axes, or labels as the report shows them")
     path_arg(p, "--junit", kind="out", help="the JUnit XML file to write (default: RUN/gate.junit.xml)")
     p.set_defaults(func=cmd_gate)

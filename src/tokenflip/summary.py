@@ -356,5 +356,6 @@ def write_summaries(config: dict[str, Any], layout: RunLayout, out_dir: str | Pa
     out_dir = Path(out_dir or layout.summary_dir)
     for name, df in frames.items():
         storage.write_table(pa.Table.from_pandas(df, preserve_index=False), out_dir / f"{name}.parquet",
-                            {"kind": "summary", "table": name, "run": config["run"]})
+                            # the study's declared CI gate travels with its pairs (`tokenflip gate`)
+                            {"kind": "summary", "table": name, "run": config["run"], "gate": config.get("gate")})
     return checked
