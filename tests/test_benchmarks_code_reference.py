@@ -141,7 +141,8 @@ def test_sandbox_errors_are_left_out_of_accuracy_and_the_paired_test():
             "near_ties_a": [0] * 4, "correct_a": [True, True, False, True], "correct_b": [True, False, False, None],
             "verdict_a": ["passed", "passed", "failed", "passed"],
             "verdict_b": ["passed", "failed", "failed", "sandbox_error"],
-            "extracted_a": ["x"] * 4, "extracted_b": ["x"] * 4, "same_answer": [True] * 4}
+            "extracted_a": ["x"] * 4, "extracted_b": ["x"] * 4, "same_answer": [True] * 4,
+            "cause": [None, "drift", None, "near-tie"], "rejoin_step": [None] * 4}
     summary = compare.summarize(pa.Table.from_pandas(pd.DataFrame(rows)))
     assert (summary["n_scored"], summary["n_unscored"]) == (3, 1)
     assert summary["accuracy_a"] == pytest.approx(2 / 3) and summary["accuracy_b"] == pytest.approx(1 / 3)

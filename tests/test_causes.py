@@ -29,19 +29,28 @@ def test_one_bf16_step_at_24_5_is_an_eighth():
 
 def test_labels_in_order_of_what_explains_the_flip():
     bf16 = ("bf16", "bf16")
-    assert cause((0.0, 0.3), (24.5, 24.5), bf16, 5.0) == "exact tie"
-    assert cause((0.125, 0.3), (24.5, 24.5), bf16, 5.0) == "near-tie"  # exactly one step
-    assert cause((0.3, 0.125), (24.5, 24.5), bf16, 5.0) == "near-tie"  # either side
-    assert cause((0.126, 0.3), (24.5, 24.5), bf16, 0.2) == "drift"  # moved by more than a step
-    assert cause((0.126, 0.3), (24.5, 24.5), bf16, 0.1) == "unexplained"  # neither
-    # the same margin is wide in fp16 (a step of 1/64 at 24.5): the logits moved
-    assert cause((0.125, 0.3), (24.5, 24.5), ("fp16", "fp16"), 0.2) == "drift"
-    # the coarser side decides "moved": 0.1 is more than an fp16 step but not a bf16 one
-    assert cause((0.2, 0.3), (24.5, 24.5), ("fp16", "bf16"), 0.1) == "unexplained"
-    assert cause((0.2, 0.3), (24.5, 24.5), bf16, 5.0, greedy=False) == "sampled"
-    assert cause((None, None), (None, None), bf16, None, ended=True) == "ended"
-    assert cause((0.2, 0.3), (None, None), bf16, None, logits=False) == "no logits"
-    assert cause((0.0, 0.3), (None, None), bf16, None, logits=False) == "exact tie"  # a tie needs no magnitude
+    assert cause((0.0, 0.3), (24.5, 24.5), bf16) == "exact tie"
+    assert cause((0.125, 0.3), (24.5, 24.5), bf16) == "near-tie"  # exactly one step
+    assert cause((0.3, 0.125), (24.5, 24.5), bf16) == "near-tie"  # either side
+    assert cause((0.126, 0.3), (24.5, 24.5), bf16) == "drift"  # both chose their top: the logits moved
+    assert cause((0.126, 0.3), (24.5, 24.5), bf16, (True, False)) == "unexplained"  # b chose below its top
+    # the same margin is wide in fp16 (a step of 1/64 at 24.5)
+    assert cause((0.125, 0.3), (24.5, 24.5), ("fp16", "fp16")) == "drift"
+    # a negative top: the second logit (-24.6) has the larger magnitude, and 0.125 is within
+    # its bf16 step; at a top of 31.9 the second (31.8) is below 32 too: a step of 0.125
+    assert cause((0.125, 0.3), (-24.5, -24.5), bf16) == "near-tie"
+    assert cause((0.2, 0.3), (31.9, 31.9), bf16) == "drift"
+    assert cause((0.25, 0.3), (32.1, 32.1), bf16) == "near-tie"  # at 32.1 a step is 0.25
+    assert cause((0.2, 0.3), (24.5, 24.5), bf16, greedy=False) == "sampled"
+    assert cause((None, None), (None, None), bf16, ended=True) == "ended"
+    assert cause((0.2, 0.3), (None, None), bf16, logits=False) == "no logits"
+    assert cause((0.0, 0.3), (None, None), bf16, logits=False) == "exact tie"  # a tie needs no magnitude
+
+
+def test_one_step_at_zero_is_the_smallest_subnormal():
+    assert resolution(0.0, "fp16") == float(np.spacing(np.float16(0))) == 2 ** -24
+    assert resolution(0.0, "fp32") == float(np.spacing(np.float32(0)))
+    assert resolution(0.0, "bf16") == 2 ** -133
 
 
 def test_rejoin_needs_four_tokens_in_a_row_again():

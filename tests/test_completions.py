@@ -187,6 +187,34 @@ def test_an_exact_tie_at_the_parting_step_is_marked_on_its_side():
     assert "never rejoined" in html and "same final answer" in html
 
 
+def test_a_rejoin_step_read_back_from_parquet_is_shown_as_it_is():
+    """Through Parquet a prompt that never rejoined holds NaN beside one that did (a float
+    column): the view says "never rejoined", not step 0; a summary made before the labels
+    (no such columns) renders without them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = {"pair_id": "p", "step": 1, "prefix_chars": 0, "token_a": "x", "token_b": "y", "text_a": "x",
+            "text_b": "y", "token_id_a": 1, "token_id_b": 2, "topk_a": "[]", "topk_b": "[]", "correct_a": True,
+            "correct_b": False, "verdict_a": "correct", "verdict_b": "wrong", "finish_a": "eos", "finish_b": "eos",
+            "n_tokens_a": 9, "n_tokens_b": 9, "model": "m", "benchmark": "b", "axis": "precision", "a": "fp32",
+            "b": "bf16", "margin_a": 0.5, "margin_b": 0.5, "extracted_a": None, "extracted_b": None}
+    rows = [{**base, "prompt_id": "q1", "cause": "drift", "rejoin_step": 3, "same_answer": True},
+            {**base, "prompt_id": "q2", "cause": "near-tie", "rejoin_step": None, "same_answer": False}]
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pandas(pd.DataFrame(rows)), buffer)
+    frame = pq.read_table(pa.BufferReader(buffer.getvalue())).to_pandas()
+    assert frame["rejoin_step"].dtype.kind == "f"  # the case: NaN beside 3.0
+    pairs = pd.DataFrame([_pair_row("transformers", model="m", pair_id="p", context="0")])
+    html = page._TEMPLATES.get_template("diverged.html.j2").render(**diverged.diverged_view(frame, pairs))
+    assert "rejoined at step 3" in html and "never rejoined" in html and "rejoined at step 0" not in html
+    assert "final answer differs" in html and "same final answer" in html
+    old = frame.drop(columns=["cause", "rejoin_step", "same_answer"])
+    html = page._TEMPLATES.get_template("diverged.html.j2").render(**diverged.diverged_view(old, pairs))
+    assert "never rejoined" not in html and "rejoined at step" not in html and "parted at step 1" in html
+    assert "same final answer" not in html and "final answer differs" not in html
+
+
 def _cell_file(path, tokens: list[list[int]], decode) -> str:
     import numpy as np
 

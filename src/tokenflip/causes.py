@@ -7,14 +7,15 @@ of the format the logits were computed in, at the logit's magnitude (bf16 keeps 
 bits: at 24.5 one step is 0.125; fp16 keeps 11, fp32 24). So, at the step where they part:
 
 - `exact tie`: a side's top two logits are equal (its choice was the tie-break);
-- `near-tie`: a side's top-1 minus top-2 margin is at most one step of its precision at its
-  top logit: one rounding of either logit can reverse it;
-- `drift`: both margins are wider than that, and the two sides' logits for the same tokens
-  had moved apart by more than one step by then (before that step or at it): the difference
-  came from the computation, not from the rounding of the last logit;
-- `unexplained`: wider margins and no logit moved that far: the choice rule itself differed
-  (a penalty or processor acting after the scores, which a live server can apply);
-- `ended`: one side stopped (a stop string) where the other went on;
+- `near-tie`: a side's top-1 minus top-2 margin is at most one step of its precision at the
+  larger of its two logits' magnitudes: one rounding of either logit can reverse it;
+- `unexplained`: wider margins, and a side chose a token other than its own top one: a rule
+  acting after the scores (a penalty or processor a live server applies) decided;
+- `drift`: wider margins and each side chose its own top token, so the logits themselves had
+  moved apart by more than one step of the precision by that step: the computation differed,
+  not the last rounding;
+- `ended`: one stream ended where the other went on (a stop string, the length limit, a
+  server dropping its end token);
 - `sampled`: not greedy: the chosen token need not be the top one, so a margin explains
   nothing;
 - `no logits`: the two sides' scores are not raw logits of one kind (a server's logprobs
@@ -41,11 +42,11 @@ CAUSE_WORDS = {
     "exact tie": "a side's top two logits were equal: its tie-break chose the token",
     "near-tie": "a side's top-1 minus top-2 margin was within one step of its precision at that logit: one "
                 "rounding could reverse it",
-    "drift": "both margins were wider than one step of the precision, and the logits had moved apart by more "
-             "than that by this step: the computation differed, not the last rounding",
-    "unexplained": "wider margins and no logit moved that far: a rule acting after the scores (a penalty or "
-                   "processor) chose differently",
-    "ended": "one side stopped where the other went on",
+    "drift": "both margins were wider than one step of the precision and each side chose its own top token: "
+             "the logits themselves had moved apart, not by the last rounding",
+    "unexplained": "wider margins, and a side chose a token below its own top score: a rule acting after the "
+                   "scores (a penalty or processor) decided",
+    "ended": "one stream ended where the other went on",
     "sampled": "not greedy: the chosen token need not be the top one",
     "no logits": "the two sides' scores are not raw logits of one kind: the step of precision cannot be read",
 }
@@ -60,19 +61,23 @@ def logits_precision(meta: dict) -> str:
 
 def resolution(value: float, precision: str) -> float:
     """One step of `precision` at |value| (the spacing of representable numbers there):
-    2^(e − (p − 1)) for a value in [2^e, 2^(e+1)), p significant bits."""
+    2^(e − (p − 1)) for a value in [2^e, 2^(e+1)), p significant bits; at 0 (and among the
+    subnormals) the smallest subnormal step."""
     bits, min_exp = FORMATS[precision]
+    if value == 0:
+        return 2.0 ** (min_exp - (bits - 1))
     mantissa, exp = math.frexp(abs(float(value)))  # value = mantissa · 2^exp, 0.5 ≤ mantissa < 1
     return 2.0 ** (max(exp - 1, min_exp) - (bits - 1))
 
 
 def cause(margins: tuple[float | None, float | None], tops: tuple[float | None, float | None],
-          precisions: tuple[str, str], moved: float | None, *, ended: bool = False, greedy: bool = True,
-          logits: bool = True) -> str:
+          precisions: tuple[str, str], chose_top: tuple[bool, bool] = (True, True), *, ended: bool = False,
+          greedy: bool = True, logits: bool = True) -> str:
     """The label of one divergence (see the module's docstring): each side's top-1 minus
     top-2 margin and top logit at the step where they part, the precision each side's logits
-    were computed in, and `moved`: the largest |Δlogit| between the two sides' shared top-k
-    tokens up to and including that step."""
+    were computed in, and whether each side chose its own top-scored token there. A margin is
+    judged at the larger of its two logits' steps (the top one, or the second where the
+    logits are negative)."""
     if not greedy:
         return "sampled"
     if ended:
@@ -83,12 +88,12 @@ def cause(margins: tuple[float | None, float | None], tops: tuple[float | None, 
         return "exact tie"
     if not logits or any(t is None or math.isnan(t) for t in tops):
         return "no logits"
-    steps = [resolution(top, prec) for top, prec in zip(tops, precisions)]
-    if any(margin <= step for margin, step in zip(margins, steps)):
+    if any(margin <= resolution(max(abs(top), abs(top - margin)), prec)
+           for margin, top, prec in zip(margins, tops, precisions)):
         return "near-tie"
-    if moved is not None and not math.isnan(moved) and moved > max(steps):
-        return "drift"
-    return "unexplained"
+    if not all(chose_top):
+        return "unexplained"
+    return "drift"
 
 
 def rejoin_step(tokens_a: list[int], tokens_b: list[int], first_div: int) -> int | None:

@@ -156,11 +156,11 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int, logits: bool = True, precis
                 if at_div and precisions else (None, None))
         rows["top_logit_a_at_div"].append(tops[0])
         rows["top_logit_b_at_div"].append(tops[1])
-        moved = float(np.nanmax(delta[:first_div + 1])) if at_div and logits and not np.all(
-            np.isnan(delta[:first_div + 1])) else None
+        chose_top = ((int(tok_a[first_div]) == int(_steps(ids_a_col, i, k)[first_div, 0]),
+                      int(tok_b[first_div]) == int(_steps(ids_b_col, j, k)[first_div, 0])) if at_div else (True, True))
         rows["cause"].append(None if identical else causes.cause(
-            (rows["margin_a_at_div"][-1], rows["margin_b_at_div"][-1]), tops, precisions or ("fp32", "fp32"), moved,
-            ended=not at_div, greedy=greedy, logits=bool(precisions)))
+            (rows["margin_a_at_div"][-1], rows["margin_b_at_div"][-1]), tops, precisions or ("fp32", "fp32"),
+            chose_top, ended=not at_div, greedy=greedy, logits=bool(precisions)))
         rows["rejoin_step"].append(None if identical or not at_div else
                                    causes.rejoin_step(tok_a.tolist(), tok_b.tolist(), first_div))
         rows["correct_a"].append(a.column("correct")[i].as_py())

@@ -26,7 +26,7 @@ def streams_of(table: pa.Table) -> dict[str, str]:
 
 # A setting run more than once (the `repeat` axis): how many distinct completions each prompt
 # got over its runs, the "unique outputs in N runs" figure of determinism tests.
-REPEAT_COLUMNS = ["cell_id", "model", "benchmark", *(a for a in AXES if a != "repeat"), "runs", "n_prompts",
+REPEAT_COLUMNS = ["cell_id", "run_cell_ids", "model", "benchmark", *(a for a in AXES if a != "repeat"), "runs", "n_prompts",
                   "n_varied", "max_distinct", "mean_distinct"]
 
 
@@ -48,7 +48,8 @@ def repeat_rows(cells: list[Cell], metas: dict[str, dict]) -> list[dict[str, Any
         prompts = sorted(set.intersection(*(set(s) for s in streams)))
         distinct = np.array([len({s[p] for s in streams}) for p in prompts])
         first = runs[0]
-        rows.append({"cell_id": first.id, **{k: v for k, v in first.as_dict().items() if k != "repeat"},
+        rows.append({"cell_id": first.id, "run_cell_ids": [c.id for c in runs],
+                     **{k: v for k, v in first.as_dict().items() if k != "repeat"},
                      "runs": len(runs), "n_prompts": len(prompts), "n_varied": int((distinct > 1).sum()),
                      "max_distinct": int(distinct.max()) if len(prompts) else 0,
                      "mean_distinct": float(distinct.mean()) if len(prompts) else float("nan")})
@@ -58,23 +59,28 @@ def repeat_rows(cells: list[Cell], metas: dict[str, dict]) -> list[dict[str, Any
 def still_identical_rows(pairs: list[Pair], per_prompt: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
     """The first-divergence curve of each comparison (its pairs' prompts pooled), per model
     and benchmark: the share of prompts still identical after t generated tokens
-    (Kaplan–Meier, `verdict.still_identical`), as steps from (0, 1) to the longest stream."""
+    (Kaplan–Meier, `verdict.still_identical`), as steps from (0, 1) to the longest stream; one
+    curve per engine where the engine is not the compared axis."""
     from .verdict import still_identical
 
     pooled: dict[tuple, list[pd.DataFrame]] = {}
+    first_run, default_engine = str(FURTHER_AXES["repeat"]), str(FURTHER_AXES["engine"])
     for pair in pairs:
-        if pair.id in per_prompt:
+        # the first runs only (a setting's second run holds the same prompts again), and never
+        # two engines in one curve
+        if pair.id in per_prompt and (pair.axis == "repeat" or str(pair.a.repeat) == first_run):
+            engine = "" if pair.axis == "engine" or str(pair.a.engine) == default_engine else str(pair.a.engine)
             key = (pair.a.model, pair.a.benchmark, pair.axis, str(pair.a.value(pair.axis)),
-                   str(pair.b.value(pair.axis)))
+                   str(pair.b.value(pair.axis)), engine)
             pooled.setdefault(key, []).append(per_prompt[pair.id])
     rows = []
-    for (model, bench, axis, a, b), frames in pooled.items():
+    for (model, bench, axis, a, b, engine), frames in pooled.items():
         df = pd.concat(frames, ignore_index=True)
         first = [None if pd.isna(t) else int(t) for t in df["first_div_step"]]
         length = df[["n_tokens_a", "n_tokens_b"]].min(axis=1).astype(int).tolist()
         times, share = still_identical(first, length)
         points = [(0, 1.0), *zip(times, share)]
         points.append((max([*length, *times, 0]), points[-1][1]))
-        rows += [{"model": model, "benchmark": bench, "axis": axis, "a": a, "b": b, "comparison": f"{axis}: {a} vs {b}",
+        rows += [{"model": model, "benchmark": bench, "axis": axis, "a": a, "b": b, "comparison": f"{axis}: {a} vs {b}" + (f" · {engine}" if engine else ""),
                   "n_prompts": len(df), "tokens": int(t), "still_identical": float(p)} for t, p in points]
     return rows

@@ -122,6 +122,16 @@ def graft_frame(grafting: pd.DataFrame) -> pd.DataFrame:
     return grafting.assign(into=into + " ← " + source, position=position)
 
 
+def first_runs(pairs: pd.DataFrame) -> pd.DataFrame:
+    """The pairs between first runs, and the repeat pairs themselves: a setting run again
+    pairs its second runs on the same prompts, which pooled figures would count twice."""
+    if pairs.empty or "repeat" not in pairs:
+        return pairs
+    from ..axes import FURTHER_AXES
+
+    return pairs[(pairs["axis"] == "repeat") | (pairs["repeat"].astype(str) == str(FURTHER_AXES["repeat"]))]
+
+
 def condition_labels(rows: pd.DataFrame) -> pd.Series:
     """What a pair compares, without model and benchmark: 'axis: a vs b', plus every shared
     setting that differs between the pairs of that axis: the precision (cache ON vs OFF in

@@ -12,7 +12,7 @@ import pandas as pd
 
 from .. import paper, storage
 from ..causes import CAUSE_WORDS
-from .common import AXIS_WORDS, KV_DTYPE_WORDS, in_words, value_words, _fmt, _pct, _read_optional
+from .common import AXIS_WORDS, KV_DTYPE_WORDS, first_runs, in_words, value_words, _fmt, _pct, _read_optional
 from .diverged import diverged_view, outcome, visible
 from .exports import visible_controls, write_csv
 from .figures import (
@@ -66,7 +66,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         + (" (partial: some jobs failed)" if partial else ""),
         run=config["run"],
         headline=(_truncation_lines(cells_df, unmeasured) + _prefix_cache_lines(cells_df) + _endpoint_lines(cells_df)
-                  + _headline(done_pairs, config.get("interventions"))),
+                  + _headline(first_runs(done_pairs), config.get("interventions"))),
         unmeasured=unmeasured,
         **diverged_view(_read_optional(summary_dir / "diverged.parquet"), pairs_df),
         **paper_placement(paper.comparison_rows(

@@ -11,8 +11,8 @@ import pandas as pd
 
 from ..causes import CAUSES
 from ..compare import cause_column
-from ..verdict import upper_bound
-from .common import in_words, legend_outside, palette, _svg
+from ..verdict import larger_floor, upper_bound
+from .common import first_runs, in_words, legend_outside, palette, _svg
 
 # The order the verdicts are listed in: what a release engineer acts on first.
 VERDICT_ORDER = ("changes outputs", "undecided", "no floor", "within noise", "identical", "noise floor")
@@ -34,10 +34,11 @@ def why_parted(pair: dict[str, Any]) -> str:
 
 
 def verdict_counts(pairs: pd.DataFrame) -> list[dict[str, Any]]:
-    """How many comparisons got each verdict, in VERDICT_ORDER."""
+    """How many pairs got each verdict, in VERDICT_ORDER (first runs only: a setting's
+    second run repeats its pairs on the same prompts)."""
     if pairs.empty or "verdict" not in pairs:
         return []
-    counts = pairs["verdict"].dropna().value_counts()
+    counts = first_runs(pairs)["verdict"].dropna().value_counts()
     return [{"verdict": v, "n": int(counts[v])} for v in VERDICT_ORDER if v in counts]
 
 
@@ -50,8 +51,11 @@ def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[st
     floors = pairs[(pairs["axis"] == "repeat") & (pairs["status"] == "done")] if not pairs.empty else pairs
     rows = []
     for rep in repeats.to_dict("records"):
-        mine = floors[floors["cell_a"] == rep["cell_id"]] if not floors.empty else floors
-        k, n = (int(mine["n_diverged"].max()), int(mine["n_prompts"].max())) if len(mine) else (None, None)
+        runs = set(rep.get("run_cell_ids") if rep.get("run_cell_ids") is not None else [rep["cell_id"]])
+        mine = floors[floors["cell_a"].isin(runs) | floors["cell_b"].isin(runs)] if not floors.empty else floors
+        # the floor the verdicts use (`verdict.with_verdicts`): the largest of its runs' pairs
+        floor = larger_floor([(int(r["n_diverged"]), int(r["n_prompts"])) for r in mine.to_dict("records")])
+        k, n = floor if floor else (None, None)
         rows.append({"model": rep["model"], "benchmark": rep["benchmark"], "setting": in_words(rep),
                      "cell_id": rep["cell_id"], "runs": int(rep["runs"]), "n_prompts": int(rep["n_prompts"]),
                      "n_varied": int(rep["n_varied"]), "max_distinct": int(rep["max_distinct"]),
