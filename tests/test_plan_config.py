@@ -141,11 +141,12 @@ SHIPPED_PLANS = {
         # bf16 and fp32 vs fp16 (2); bs1 vs bs4 for bf16 (1); none vs C_gated for bf16 and
         # fp16 (2); default vs eager attention (1); default vs each FP8 cache (2); default vs
         # chunked prefill (1): 13.
-        # The noise floors: the cache-on fp32 and fp16 cells of onestep_kv and the three
-        # precisions' bs1 cells of onestep run again (repeat 2): 5 cells, 19 in all; their
-        # repeat pairs (5), and the precision pairs among the second runs (3 more): 21.
-        cells=19, pairs={"cache": 2, "precision": 7, "batch_size": 1, "intervention": 2, "attention": 1,
-                         "kv_dtype": 2, "prefill_chunk": 1, "repeat": 5},
+        # The noise floors: the cache-on fp32 and fp16 cells of onestep_kv, the three
+        # precisions' bs1 cells of onestep and the bf16 and fp16 cells with C run again
+        # (repeat 2): 7 cells, 21 in all; their repeat pairs (7), and among the second runs
+        # the precision pairs (3 without C, 1 with) and none vs C in bf16 and fp16 (2): 26.
+        cells=21, pairs={"cache": 2, "precision": 8, "batch_size": 1, "intervention": 4, "attention": 1,
+                         "kv_dtype": 2, "prefill_chunk": 1, "repeat": 7},
         cell_ids=["smollm2-135m/onestep_kv/fp16-off-bs1-greedy-none",
                   "smollm2-135m/onestep_kv/fp16-on-bs1-greedy-none",
                   "smollm2-135m/onestep/bf16-on-bs4-greedy-none",
