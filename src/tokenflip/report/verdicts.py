@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import pandas as pd
+import seaborn as sns
 
 from ..causes import CAUSES
 from ..compare import cause_column
 from ..verdict import larger_floor, upper_bound
-from .common import first_runs, in_words, legend_outside, palette, _svg
+from .common import first_runs, in_words, _svg
 
 # The order the verdicts are listed in: what a release engineer acts on first.
 VERDICT_ORDER = ("changes outputs", "undecided", "no floor", "within noise", "identical", "noise floor")
@@ -70,16 +72,24 @@ def still_identical_figure(curves: pd.DataFrame) -> str | None:
     if curves.empty:
         return None
     panels = list(curves.groupby(["model", "benchmark"], sort=True))
-    colours = palette(curves["comparison"])
-    fig, axes = plt.subplots(len(panels), 1, figsize=(6.5, 3.2 * len(panels)), squeeze=False)
+    names = sorted(curves["comparison"].unique())
+    # one colour and dash per comparison across the panels (husl: as many distinct hues as needed)
+    colours = dict(zip(names, sns.color_palette("husl", len(names))))
+    dashes = dict(zip(names, [(0, ()), (0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2))] * len(names)))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(6.0, 3.2 * len(panels)), squeeze=False)
+    fig.subplots_adjust(hspace=0.45)
     for ax, ((model, bench), data) in zip(axes[:, 0], panels):
+        # Curves that never part lie on top of each other at 1: the legend says where each ends.
         for comparison, line in data.groupby("comparison", sort=True):
-            ax.step(line["tokens"], line["still_identical"], where="post", label=comparison,
-                    color=colours[comparison], linewidth=1.6)
+            end = float(line["still_identical"].iloc[-1])
+            ax.step(line["tokens"], line["still_identical"], where="post", color=colours[comparison], linewidth=1.6,
+                    linestyle=dashes[comparison],
+                    label=f"{comparison} ({int(line['n_prompts'].iloc[0])} prompts; {end:.0%} at the end)")
         ax.set_ylim(-0.02, 1.02)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("generated tokens")
         ax.set_ylabel("share still identical")
         if len(panels) > 1:
             ax.set_title(f"{model} · {bench}", fontsize=10)
-        legend_outside(ax)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8)
     return _svg(fig)
