@@ -126,3 +126,39 @@ def test_each_pair_is_judged_against_the_floor_of_either_run_of_its_cells():
     low, _ = confint_proportions_2indep(12, 12, 2, 12, method="newcomb", alpha=0.1)
     assert rows[2]["excess_low"] == pytest.approx(low)
     assert "0 of 12 prompts parted when the same setting ran again (at most 26.5% at 95%)" in rows[0]["verdict_words"]
+
+
+def test_the_curve_pools_a_comparisons_first_runs_only():
+    """A setting's second run pairs the same prompts again: the curve of fp32 vs bf16 counts
+    the first runs' prompts once, and the repeat comparison keeps its own curve."""
+    import pandas as pd
+    from conftest import tiny_study
+
+    from tokenflip import config as cfg
+    from tokenflip.plan import expand_cells, expand_pairs
+    from tokenflip.summary_verdicts import still_identical_rows
+
+    study = tiny_study()
+    study["grids"] = [{"precision": ["fp32", "bf16"], "cache": ["on"], "batch_size": [1], "repeat": ["default", 2]}]
+    study["comparisons"] = [{"axis": "precision", "a": "fp32", "b": "bf16"}, {"axis": "repeat", "a": "default", "b": 2}]
+    study["benchmarks"] = {"arith_a": study["benchmarks"]["arith_a"]}
+    del study["probes"]
+    config = cfg.validate(study, check_data=False)
+    pairs = expand_pairs(config, expand_cells(config))
+    assert sorted((p.axis, str(p.a.repeat)) for p in pairs) == [("precision", "2"), ("precision", "default"),
+                                                                 ("repeat", "default"), ("repeat", "default")]
+
+    def frame(first):
+        return pd.DataFrame({"first_div_step": first, "n_tokens_a": [6, 6], "n_tokens_b": [6, 6]})
+
+    per_prompt = {p.id: frame([1, None] if p.axis == "precision" and str(p.a.repeat) == "default" else
+                              [0, 0] if p.axis == "precision" else [None, None]) for p in pairs}
+    rows = pd.DataFrame(still_identical_rows(pairs, per_prompt))
+    precision = rows[rows["axis"] == "precision"]
+    # 2 prompts (the second run's 2 are left out): one parts at step 1 (after 2 tokens), one
+    # is identical through its 6 (censored): 1 -> 1/2 after 2 tokens, to the end at 6
+    assert precision[["tokens", "still_identical"]].values.tolist() == [[0, 1.0], [2, 0.5], [6, 0.5]]
+    assert set(precision["n_prompts"]) == {2} and set(precision["comparison"]) == {"precision: fp32 vs bf16"}
+    repeat = rows[rows["axis"] == "repeat"]
+    assert repeat[["tokens", "still_identical"]].values.tolist() == [[0, 1.0], [6, 1.0]]
+    assert set(repeat["n_prompts"]) == {4}
