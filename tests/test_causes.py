@@ -34,6 +34,9 @@ def test_labels_in_order_of_what_explains_the_flip():
     assert cause((0.3, 0.125), (24.5, 24.5), bf16) == "near-tie"  # either side
     assert cause((0.126, 0.3), (24.5, 24.5), bf16) == "drift"  # both chose their top: the logits moved
     assert cause((0.126, 0.3), (24.5, 24.5), bf16, (True, False)) == "unexplained"  # b chose below its top
+    assert cause((0.1, 0.3), (24.5, 24.5), bf16, (False, True)) == "unexplained"  # a rule, not a rounding
+    assert cause((0.2, 0.3), (None, None), bf16, (False, True), logits=False) == "unexplained"  # logprobs too
+    assert cause((0.0, 0.3), (24.5, 24.5), bf16, (False, True)) == "exact tie"  # a tie's second is a tie-break
     # the same margin is wide in fp16 (a step of 1/64 at 24.5)
     assert cause((0.125, 0.3), (24.5, 24.5), ("fp16", "fp16")) == "drift"
     # a negative top: the second logit (-24.6) has the larger magnitude, and 0.125 is within

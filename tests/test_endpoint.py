@@ -95,6 +95,27 @@ def test_llama_cpp_servers_repetition_penalty_is_a_finding_naming_its_steps(serv
     for row in table.to_pylist():
         below = [step for step, (token, top) in enumerate(zip(row["token_ids"], row["top_ids"])) if token != top[0]]
         assert found["steps"].get(row["prompt_id"], []) == below, row["prompt_id"]
+    # Against tokenflip's own loop on the same weights, a parting where the server chose below
+    # its top is labelled `unexplained` (read from its ranks: its logprobs hold no logit
+    # magnitude), any other is an exact tie or has no comparable logits.
+    from tokenflip.compare import compare_files
+    from tokenflip.jobs import Pair
+
+    cells = {e: Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine=e) for e in ("transformers", "llama")}
+    _cell(config, servers, tmp_path, "transformers")
+    paths = {e: tmp_path / f"{c.id.rsplit('/', 1)[-1]}.parquet" for e, c in cells.items()}
+    compare_files(Pair("engine", cells["transformers"], cells["llama"]), paths["transformers"], paths["llama"],
+                  tmp_path / "pair.parquet")
+    served = {r["prompt_id"]: r for r in table.to_pylist()}
+    parted = [r for r in storage.read_table(tmp_path / "pair.parquet")[0].to_pylist() if not r["identical"]]
+    assert parted
+    for row in parted:
+        step, mine = row["first_div_step"], served[row["prompt_id"]]
+        chose_below = step < len(mine["token_ids"]) and mine["token_ids"][step] != mine["top_ids"][step][0]
+        assert (row["cause"] == "unexplained") == chose_below, row
+        assert row["cause"] in ("unexplained", "exact tie", "no logits", "ended"), row
+    # on this server both arithmetic prompts part at step 19, where the penalty first acts
+    assert any(r["cause"] == "unexplained" for r in parted)
 
 
 # --- Faults: retried, then failed naming the request; nothing written ---------------------

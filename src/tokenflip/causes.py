@@ -7,10 +7,11 @@ of the format the logits were computed in, at the logit's magnitude (bf16 keeps 
 bits: at 24.5 one step is 0.125; fp16 keeps 11, fp32 24). So, at the step where they part:
 
 - `exact tie`: a side's top two logits are equal (its choice was the tie-break);
+- `unexplained`: no tie, and a side chose a token other than its own top-scored one: a rule
+  acting after the scores (a penalty or processor a live server applies) decided (read from
+  the ranks, so a server's logprobs show it too);
 - `near-tie`: a side's top-1 minus top-2 margin is at most one step of its precision at the
   larger of its two logits' magnitudes: one rounding of either logit can reverse it;
-- `unexplained`: wider margins, and a side chose a token other than its own top one: a rule
-  acting after the scores (a penalty or processor a live server applies) decided;
 - `drift`: wider margins and each side chose its own top token, so the logits themselves had
   moved apart by more than one step of the precision by that step: the computation differed,
   not the last rounding;
@@ -44,8 +45,8 @@ CAUSE_WORDS = {
                 "rounding could reverse it",
     "drift": "both margins were wider than one step of the precision and each side chose its own top token: "
              "the logits themselves had moved apart, not by the last rounding",
-    "unexplained": "wider margins, and a side chose a token below its own top score: a rule acting after the "
-                   "scores (a penalty or processor) decided",
+    "unexplained": "no tie, and a side chose a token below its own top score: a rule acting after the scores "
+                   "(a penalty or processor) decided",
     "ended": "one stream ended where the other went on",
     "sampled": "not greedy: the chosen token need not be the top one",
     "no logits": "the two sides' scores are not raw logits of one kind: the step of precision cannot be read",
@@ -86,13 +87,13 @@ def cause(margins: tuple[float | None, float | None], tops: tuple[float | None, 
         return "no logits"
     if min(margins) == 0:
         return "exact tie"
+    if not all(chose_top):  # read from the ranks alone: a server's logprobs tell it too
+        return "unexplained"
     if not logits or any(t is None or math.isnan(t) for t in tops):
         return "no logits"
     if any(margin <= resolution(max(abs(top), abs(top - margin)), prec)
            for margin, top, prec in zip(margins, tops, precisions)):
         return "near-tie"
-    if not all(chose_top):
-        return "unexplained"
     return "drift"
 
 
