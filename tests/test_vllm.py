@@ -335,7 +335,7 @@ def test_an_fp8_kv_cache_is_refused_on_a_cpu_without_avx512_or_amx():
     """vLLM's CPU attention raises at engine start, after loading the model, without AVX-512
     or AMX: refused before any job on such a CPU, allowed on one with either."""
     from tokenflip.cpu_flags import cpu_flags
-    from tokenflip.engines.vllm_offline import fp8_cache_problem
+    from tokenflip.engines.vllm_support import fp8_cache_problem
 
     assert "only on x86 with AVX-512 or AMX, and this CPU has neither (it has avx, avx2)" in fp8_cache_problem(
         frozenset({"fpu", "avx", "avx2", "fma"}))

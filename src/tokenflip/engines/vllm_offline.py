@@ -40,7 +40,7 @@ from ..axes import Proof
 from ..cpu_flags import cpu_flags
 from . import worker
 from .base import Decoded, Engine, grid_values
-from .vllm_support import VllmError, check_resolved, cuda_devices, generations, head_size_problem
+from .vllm_support import VllmError, check_resolved, cuda_devices, fp8_cache_problem, generations, head_size_problem
 
 VLLM = "vllm"
 PYTHON_VARIABLE = "TOKENFLIP_VLLM_PYTHON"
@@ -52,16 +52,6 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 
 
-def fp8_cache_problem(flags: frozenset[str]) -> str | None:
-    """Why vLLM's CPU build cannot store an FP8 KV cache on a CPU with these flags (its CPU
-    attention backend raises "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" when the
-    engine starts, after the model has loaded); None where it can."""
-    # vLLM asks torch's `_is_avx512_supported()`: AVX-512 F, VL, BW and DQ together.
-    if {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags or "amx_tile" in flags:
-        return None
-    return ("vLLM's CPU build stores an FP8 KV cache only on x86 with AVX-512 or AMX, and this CPU has neither "
-            f"(it has {', '.join(sorted(f for f in flags if f.startswith(('avx', 'amx', 'asimd')))) or 'no such flags'}); "
-            "run these cells on a machine that has them, or leave kv_dtype at default")
 # The variables that select vLLM's kernels and placement; recorded with each cell.
 ENV_KEYS = ("VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
             "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ATTENTION_BACKEND", "VLLM_ENABLE_V1_MULTIPROCESSING",

@@ -77,3 +77,15 @@ def generations(response: dict[str, Any], k: int):
                               logsumexp=[float("nan")] * steps, entropy=[float("nan")] * steps,
                               intervened=[False] * steps, finish_reason=row["finish_reason"]))
     return out
+
+
+def fp8_cache_problem(flags: frozenset[str]) -> str | None:
+    """Why vLLM's CPU build cannot store an FP8 KV cache on a CPU with these flags (its CPU
+    attention backend raises "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" when the
+    engine starts, after the model has loaded); None where it can."""
+    # vLLM asks torch's `_is_avx512_supported()`: AVX-512 F, VL, BW and DQ together.
+    if {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags or "amx_tile" in flags:
+        return None
+    return ("vLLM's CPU build stores an FP8 KV cache only on x86 with AVX-512 or AMX, and this CPU has neither "
+            f"(it has {', '.join(sorted(f for f in flags if f.startswith(('avx', 'amx', 'asimd')))) or 'no such flags'}); "
+            "run these cells on a machine that has them, or leave kv_dtype at default")
