@@ -799,6 +799,7 @@ def test_every_diverged_prompt_is_labelled_and_every_pair_judged(run):
     verdict against the floor the repeat measured, and the page says both."""
     from tokenflip import storage
     from tokenflip.causes import CAUSES, resolution
+    from tokenflip.compare import cause_column
     from tokenflip.layout import RunLayout
 
     rows = _diverged_rows(run)
@@ -833,7 +834,7 @@ def test_every_diverged_prompt_is_labelled_and_every_pair_judged(run):
     judged = [p for p in done if floor["cell_a"] in (p["cell_a"], p["cell_b"]) and p["axis"] != "repeat"]
     assert judged and all(p["verdict"] != "no floor" for p in judged)
     for p in done:
-        assert sum(p[f"n_{c.replace('-', '_').replace(' ', '_')}"] for c in CAUSES) == p["n_diverged"]
+        assert sum(p[cause_column(c)] for c in CAUSES) == p["n_diverged"]
     repeats = pq.read_table(run["summary"] / "repeats.parquet").to_pylist()
     assert [(r["cell_id"], r["runs"]) for r in repeats] == [(floor["cell_a"], 2)]
     html = run["report"].read_text()

@@ -126,9 +126,10 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int, logits: bool = True, precis
         # Steps up to and including the divergence step share their context, so their
         # logits are comparable; after it the two runs condition on different tokens.
         shared = n if first_div is None else min(first_div + 1, n)
-        delta = _shared_topk_max_delta(_steps(ids_a_col, i, k)[:shared], _steps(logit_a_col, i, k)[:shared],
-                                       _steps(ids_b_col, j, k)[:shared], _steps(logit_b_col, j, k)[:shared]) \
-            if logits else np.full(shared, np.nan)
+        top_ids_a, top_logits_a = _steps(ids_a_col, i, k), _steps(logit_a_col, i, k)
+        top_ids_b, top_logits_b = _steps(ids_b_col, j, k), _steps(logit_b_col, j, k)
+        delta = _shared_topk_max_delta(top_ids_a[:shared], top_logits_a[:shared], top_ids_b[:shared],
+                                       top_logits_b[:shared]) if logits else np.full(shared, np.nan)
         before = delta if first_div is None else delta[:first_div]
         max_before = float(np.nanmax(before)) if before.size and not np.all(np.isnan(before)) else 0.0
         at_div = first_div is not None and first_div < n
@@ -152,12 +153,12 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int, logits: bool = True, precis
         rows["mean_margin_a"].append(float(np.mean(margin_a)) if margin_a else None)
         rows["mean_margin_b"].append(float(np.mean(margin_b)) if margin_b else None)
         rows["near_ties_a"].append(int(np.sum(np.asarray(margin_a) < NEAR_TIE)))
-        tops = ((float(_steps(logit_a_col, i, k)[first_div, 0]), float(_steps(logit_b_col, j, k)[first_div, 0]))
+        tops = ((float(top_logits_a[first_div, 0]), float(top_logits_b[first_div, 0]))
                 if at_div and precisions else (None, None))
         rows["top_logit_a_at_div"].append(tops[0])
         rows["top_logit_b_at_div"].append(tops[1])
-        chose_top = ((int(tok_a[first_div]) == int(_steps(ids_a_col, i, k)[first_div, 0]),
-                      int(tok_b[first_div]) == int(_steps(ids_b_col, j, k)[first_div, 0])) if at_div else (True, True))
+        chose_top = ((int(tok_a[first_div]) == int(top_ids_a[first_div, 0]),
+                      int(tok_b[first_div]) == int(top_ids_b[first_div, 0])) if at_div else (True, True))
         rows["cause"].append(None if identical else causes.cause(
             (rows["margin_a_at_div"][-1], rows["margin_b_at_div"][-1]), tops, precisions or ("fp32", "fp32"),
             chose_top, ended=not at_div, greedy=greedy, logits=bool(precisions)))

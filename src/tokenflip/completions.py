@@ -30,11 +30,13 @@ CELL_COLUMNS = ["prompt_id", "token_ids", "top_ids", "top_logits", "margin", "fi
 # directory is gone (resources/ removed after the run), the texts are the ones the cells
 # stored (the same tokenizer's decoding, made when they ran), unsplit: `prefix_chars` and the
 # token texts are null.
+# What the pair file says of why each prompt parted (`causes`), whether the streams came
+# together again, and whether the final answers agree; a missing value reads back as NaN.
+LABEL_COLUMNS = ("cause", "rejoin_step", "same_answer")
 COLUMNS = ["pair_id", "label", "axis", "a", "b", "context", "model", "benchmark", "engine", "prompt_id", "step",
            "prefix_chars", "token_a", "token_b", "text_a", "text_b", "token_id_a", "token_id_b",
            "margin_a", "margin_b", "topk_a", "topk_b", "correct_a", "correct_b", "verdict_a", "verdict_b",
-           "extracted_a", "extracted_b", "finish_a", "finish_b", "n_tokens_a", "n_tokens_b", "cause", "rejoin_step",
-           "same_answer"]
+           "extracted_a", "extracted_b", "finish_a", "finish_b", "n_tokens_a", "n_tokens_b", *LABEL_COLUMNS]
 
 
 # Verdicts of a completion in which no answer (or no code) was found.
@@ -156,15 +158,9 @@ def pair_diverged(pair: Pair, prompts: pd.DataFrame, path_a: str | Path, path_b:
         prefix = row.pop("prefix")
         del row["rest_a"], row["rest_b"]
         row["prefix_chars"] = len(prefix) if prefix is not None else None
-        # why they parted, whether they came together again, whether the answers agree (`causes`)
-        row.update({key: _given(first.get(key)) for key in ("cause", "rejoin_step", "same_answer")})
+        row.update({key: first.get(key) for key in LABEL_COLUMNS})
         rows.append(row)
     return rows
-
-
-def _given(value: Any) -> Any:
-    """A summary value, with pandas' missing markers as None."""
-    return None if value is None or (isinstance(value, float) and value != value) else value
 
 
 def parts(row: dict[str, Any]) -> dict[str, str]:

@@ -28,16 +28,14 @@ def failures(row: dict, max_divergence: float) -> list[str]:
 
 
 def declared_gate(path: Path) -> dict:
-    """The `gate` block of the config the summary was made from ({} where none was declared)."""
-    import json
+    """The `gate` block of the config the summary was made from ({} where none was declared,
+    or the file carries no tokenflip provenance)."""
+    from .storage import StorageError, read_metadata
 
-    import pyarrow.parquet as pq
-
-    from .storage import META_KEY
-
-    meta = pq.read_schema(path).metadata or {}
-    raw = meta.get(META_KEY)
-    return (json.loads(raw).get("gate") or {}) if raw else {}
+    try:
+        return read_metadata(path).get("gate") or {}
+    except StorageError:
+        return {}
 
 
 def cmd_gate(args) -> None:

@@ -229,7 +229,7 @@ def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, d
     """One row per planned pair; the first-divergence rows; each usable pair's per-prompt
     agreement (for the interventions table) and first divergence with lengths (for the
     first-divergence curve)."""
-    rows, first_div, agreement, lengths = [], [], {}, {}
+    rows, first_div, agreement, per_prompt = [], [], {}, {}
     none = no_intervention_labels(config)
     for pair in pairs if pairs is not None else expand_pairs(config, expand_cells(config)):
         path = layout.pair(pair.id)
@@ -250,13 +250,13 @@ def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, d
                 df = table.select(["prompt_id", "identical", *FIRST_DIV_FIELDS, "n_tokens_a", "n_tokens_b"]
                                   ).to_pandas()
                 agreement[pair.id] = df.set_index("prompt_id")[["identical"]].rename(columns={"identical": "agree"})
-                lengths[pair.id] = df
+                per_prompt[pair.id] = df
                 for rec in df[df["first_div_step"].notna()][["prompt_id", *FIRST_DIV_FIELDS]].to_dict("records"):
                     first_div.append({"pair_id": pair.id, "label": pair.label, "axis": pair.axis,
                                       "context": pair.context, "model": pair.a.model,
                                       "benchmark": pair.a.benchmark, **rec})
         rows.append(row)
-    return rows, first_div, agreement, lengths
+    return rows, first_div, agreement, per_prompt
 
 
 def probe_frames(config: dict[str, Any], layout: RunLayout, checked: Checked,

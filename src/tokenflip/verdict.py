@@ -127,16 +127,23 @@ def still_identical(first_div: list[int | None], lengths: list[int]) -> tuple[li
     return [int(t) for t in curve.surv_times], [float(p) for p in curve.surv_prob]
 
 
-def with_verdicts(rows: list[dict], margin: float = MARGIN, alpha: float = ALPHA) -> list[dict]:
-    """The summary's pair rows, each with its verdict: a repeat pair is itself a noise floor
-    (the divergence of one setting run again); every other pair is judged against the floors
-    measured for its two cells (every repeat pair either run of which is one of them), the
-    largest."""
+def repeat_floors(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:
+    """Every finished repeat pair's divergence (k, n), under each of its two runs' cell ids:
+    the floors a cell's comparisons are judged against."""
     floors: dict[str, list[tuple[int, int]]] = {}
     for row in rows:
         if row.get("axis") == "repeat" and row.get("status") == "done":
             for cell in (row["cell_a"], row["cell_b"]):  # a floor of both runs
                 floors.setdefault(cell, []).append((int(row["n_diverged"]), int(row["n_prompts"])))
+    return floors
+
+
+def with_verdicts(rows: list[dict], margin: float = MARGIN, alpha: float = ALPHA) -> list[dict]:
+    """The summary's pair rows, each with its verdict: a repeat pair is itself a noise floor
+    (the divergence of one setting run again); every other pair is judged against the floors
+    measured for its two cells (every repeat pair either run of which is one of them), the
+    largest."""
+    floors = repeat_floors(rows)
     out = []
     for row in rows:
         row = dict(row)

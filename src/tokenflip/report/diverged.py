@@ -25,10 +25,6 @@ PREFIX_CHARS = 200
 REST_CHARS = 300
 
 
-# What the summary says of why each prompt parted (`causes`).
-LABEL_COLUMNS = ("cause", "rejoin_step", "same_answer")
-
-
 def anchor(index: int) -> str:
     """The element id of a pair's diverged prompts (pair ids hold '/' and '=')."""
     return f"diverged-{index}"
@@ -97,8 +93,8 @@ def diverged_view(diverged: pd.DataFrame, pairs: pd.DataFrame) -> dict[str, Any]
         return empty
     # Through Parquet a missing rejoin step is NaN (and a summary made before the labels has
     # none of these columns): None, which the template reads as "never" / unlabelled.
-    diverged = diverged.reindex(columns=[*diverged.columns, *(c for c in LABEL_COLUMNS if c not in diverged)])
-    for column in LABEL_COLUMNS:
+    diverged = diverged.reindex(columns=[*diverged.columns, *(c for c in completions.LABEL_COLUMNS if c not in diverged)])
+    for column in completions.LABEL_COLUMNS:
         diverged[column] = diverged[column].astype(object).where(diverged[column].notna(), None)
     order = pairs.sort_values(["model", "benchmark", "axis", "a", "b", "context"])
     order = order[order["pair_id"].isin(set(diverged["pair_id"]))].reset_index(drop=True)

@@ -13,7 +13,7 @@ import seaborn as sns
 
 from ..causes import CAUSES
 from ..compare import cause_column
-from ..verdict import larger_floor, upper_bound
+from ..verdict import larger_floor, repeat_floors, upper_bound
 from .common import first_runs, in_words, _svg
 
 # The order the verdicts are listed in: what a release engineer acts on first.
@@ -50,13 +50,12 @@ def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[st
     repeat pairs' divergence, with the bound a zero gives)."""
     if repeats.empty:
         return []
-    floors = pairs[(pairs["axis"] == "repeat") & (pairs["status"] == "done")] if not pairs.empty else pairs
+    floors = repeat_floors(pairs.to_dict("records"))
     rows = []
     for rep in repeats.to_dict("records"):
-        runs = set(rep.get("run_cell_ids") if rep.get("run_cell_ids") is not None else [rep["cell_id"]])
-        mine = floors[floors["cell_a"].isin(runs) | floors["cell_b"].isin(runs)] if not floors.empty else floors
+        runs = rep.get("run_cell_ids") if rep.get("run_cell_ids") is not None else [rep["cell_id"]]
         # the floor the verdicts use (`verdict.with_verdicts`): the largest of its runs' pairs
-        floor = larger_floor([(int(r["n_diverged"]), int(r["n_prompts"])) for r in mine.to_dict("records")])
+        floor = larger_floor([f for cell in runs for f in floors.get(cell, [])])
         k, n = floor if floor else (None, None)
         rows.append({"model": rep["model"], "benchmark": rep["benchmark"], "setting": in_words(rep),
                      "cell_id": rep["cell_id"], "runs": int(rep["runs"]), "n_prompts": int(rep["n_prompts"]),
