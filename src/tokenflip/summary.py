@@ -28,7 +28,8 @@ from .interventions import no_intervention_labels
 from .jobs import Cell, Pair
 from .layout import RunLayout
 from .plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
-from .summary_verdicts import REPEAT_COLUMNS, STILL_IDENTICAL_COLUMNS, repeat_rows, still_identical_rows, streams_of
+from .summary_verdicts import (REPEAT_COLUMNS, STILL_IDENTICAL_COLUMNS, repeat_rows, settings_run_again,
+                               still_identical_rows, streams_of)
 
 BASE_TABLES = ("cells", "pairs", "first_divergence", "still_identical", "repeats", "diverged", "interventions",
                "environment")
@@ -174,7 +175,9 @@ def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked,
     (with the prompts its intervention fired on, under `_triggered`)."""
     rows, metas, inputs = [], {}, {}
     none = no_intervention_labels(config)
-    for cell in cells if cells is not None else expand_cells(config):
+    cells = cells if cells is not None else expand_cells(config)
+    run_again = {cell.id for runs in settings_run_again(cells) for cell in runs}
+    for cell in cells:
         path = layout.cell(cell.id)
         row: dict[str, Any] = {"cell_id": cell.id, **cell.as_dict(), "no_intervention": cell.intervention in none,
                                "status": "missing"}
@@ -183,7 +186,9 @@ def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked,
                 table, meta = check_cell(path, cell, cell_job(config, cell).to_json(),
                                          current_inputs(config, cell.benchmark, inputs))
                 row.update(cell_row(cell, table, meta))
-                metas[cell.id] = {**meta, "_triggered": triggered_prompts(table), "_streams": streams_of(table)}
+                metas[cell.id] = {**meta, "_triggered": triggered_prompts(table)}
+                if cell.id in run_again:  # its completions, to count the distinct ones over its runs
+                    metas[cell.id]["_streams"] = streams_of(table)
             except ResultError as exc:
                 checked.refuse(path, str(exc))
                 row.update(status="refused", error=str(exc))

@@ -30,17 +30,23 @@ REPEAT_COLUMNS = ["cell_id", "run_cell_ids", "model", "benchmark", *(a for a in 
                   "n_varied", "max_distinct", "mean_distinct"]
 
 
+def settings_run_again(cells: list[Cell]) -> list[list[Cell]]:
+    """The cells grouped by setting (every axis but `repeat`), where a setting has two runs or
+    more: only their completions are needed to count distinct ones."""
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(tuple((k, str(v)) for k, v in sorted(cell.as_dict().items()) if k != "repeat"),
+                          []).append(cell)
+    return [runs for runs in groups.values() if len(runs) > 1]
+
+
 def repeat_rows(cells: list[Cell], metas: dict[str, dict]) -> list[dict[str, Any]]:
     """One row per setting with at least two finished runs (cells that differ only in
     `repeat`), under the first run's id: prompts whose runs did not all give one completion
     (`n_varied`), and the most and mean distinct completions per prompt."""
-    groups: dict[tuple, list[Cell]] = {}
-    for cell in cells:
-        if cell.id in metas:
-            key = tuple((k, str(v)) for k, v in sorted(cell.as_dict().items()) if k != "repeat")
-            groups.setdefault(key, []).append(cell)
     rows = []
-    for runs in groups.values():
+    for runs in settings_run_again(cells):
+        runs = [c for c in runs if c.id in metas]
         if len(runs) < 2:
             continue
         runs = sorted(runs, key=lambda c: str(c.repeat) != str(FURTHER_AXES["repeat"]))  # the first run first
