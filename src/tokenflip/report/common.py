@@ -137,7 +137,8 @@ def condition_labels(rows: pd.DataFrame) -> pd.Series:
     setting that differs between the pairs of that axis: the precision (cache ON vs OFF in
     fp32 is another finding than in fp16), the engine, and the further axes away from their
     defaults, such as vLLM's requests in flight (`concurrency 1`), so that no figure pools
-    what differs. Repeats are pooled: they run the same configuration again."""
+    what differs. A repeat is never named: the pooled figures take first runs only
+    (`first_runs`), since a second run holds the same prompts again."""
     from ..axes import FURTHER_AXES
 
     labels = rows["axis"].astype(str) + ": " + rows["a"].astype(str) + " vs " + rows["b"].astype(str)

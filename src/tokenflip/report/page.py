@@ -118,10 +118,10 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         cpu_features=cpu_features(environment.get("device", {})),
         axis_words=AXIS_WORDS,
         kv_dtype_words=KV_DTYPE_WORDS,
-        overview=overview_figures(pairs_df, interventions_df, {
+        overview=overview_figures(first_runs(pairs_df), interventions_df, {
             "kv_layers": kv_layers, "precision_layers": prec_layers, "precision_grafting": grafting,
             "precision_lens": lens}),
-        drilldown_rows=drilldown_table(pairs_df, first_df),
+        drilldown_rows=drilldown_table(first_runs(pairs_df), first_df),
         models=list(dict.fromkeys(cells_df["model"])) if not cells_df.empty else [],
         benchmarks=list(dict.fromkeys(cells_df["benchmark"])) if not cells_df.empty else [],
         config_yaml=json.dumps(config, indent=2, sort_keys=True, default=str),
