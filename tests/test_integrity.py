@@ -17,6 +17,7 @@ import pytest
 
 from conftest import copy_run
 from tokenflip import provenance, storage
+from tokenflip.cpu_flags import KERNEL_FLAGS
 
 
 def tokenflip(*args, cwd=None):
@@ -107,20 +108,34 @@ def test_a_prepared_model_gets_the_mode_the_umask_gives(tmp_path):
 
 
 def test_the_cpu_kernels_are_recorded_and_their_differences_named():
+    """On whatever CPU runs it (AVX2 only, AVX-512 BF16, AMX): the record holds exactly the
+    kernel extensions /proc/cpuinfo lists, and a second device that lacks one this CPU has
+    and has one it lacks is told apart in both directions."""
     import torch
 
     device = provenance.device_info(torch.device("cpu"))
     assert device["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    flags = open("/proc/cpuinfo").read()
-    assert set(device["cpu_flags"]) <= set(provenance.KERNEL_FLAGS)
-    assert ("avx2" in device["cpu_flags"]) is (" avx2" in flags)
+    listed = set(next(line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features")))
+                 .split(":", 1)[1].split())
+    assert device["cpu_flags"] == [flag for flag in KERNEL_FLAGS if flag in listed]
     assert "onednn_max_cpu_isa" in device and "threads" in device
-    without = {**device, "cpu_flags": [f for f in device["cpu_flags"] if f != "avx2"] + ["amx_bf16"],
-               "onednn_max_cpu_isa": "AVX512_CORE_VNNI"}
-    lines = provenance.kernel_differences(device, without)
-    assert any(line.startswith("cpu_flags:") and "amx_bf16 only in b" in line for line in lines)
+    present = device["cpu_flags"][0] if device["cpu_flags"] else None
+    absent = next(flag for flag in KERNEL_FLAGS if flag not in device["cpu_flags"])
+    other = {**device, "cpu_flags": [f for f in device["cpu_flags"] if f != present] + [absent],
+             "onednn_max_cpu_isa": "AVX512_CORE_VNNI"}
+    lines = provenance.kernel_differences(device, other)
+    cpu_line = next(line for line in lines if line.startswith("cpu_flags:"))
+    assert f"{absent} only in b" in cpu_line
+    assert present is None or f"{present} only in a" in cpu_line
     assert any(line.startswith("onednn_max_cpu_isa:") for line in lines)
     assert provenance.kernel_differences(device, dict(device)) == []
+
+
+def test_kernel_differences_on_devices_written_by_hand():
+    amx = {"cpu_flags": ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"], "threads": 2}
+    avx2 = {"cpu_flags": ["avx2"], "threads": 2}
+    assert provenance.kernel_differences(amx, avx2) == ["cpu_flags: amx_bf16 amx_tile avx512_bf16 avx512f only in a"]
+    assert provenance.kernel_differences(avx2, {**avx2, "threads": 1}) == ["threads: 2 vs 1"]
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tokenflip.config import ConfigError, validate
+from tokenflip.cpu_flags import kernel_flags
 from tokenflip.engines import LLAMA_CPP, LLAMA_CPP_PACKAGE, unavailable
 
 pytestmark = pytest.mark.skipif(unavailable("llama.cpp") is not None, reason="llama-cpp-python is not installed")
@@ -50,16 +51,17 @@ def cells(prepared_models, tmp_path_factory):
     return out
 
 
-def _reference(prepared_models, prompt, precision: str, steps: int, cache: bool):
-    """llama-cpp-python's own greedy generation of `prompt`: tokens and the top logit of each step."""
+def _llama_cpp_generate(prompt: list[int], precision: str, steps: int, cache: bool):
+    """llama-cpp-python's own greedy generation of `prompt` (loaded as the engine loads it,
+    without weight repacking): tokens and the top logit of each step."""
     import llama_cpp
 
-    from tokenflip.engines.llama_cpp_gguf import KV_CACHE_TYPES, gguf_path
+    from tokenflip.engines.llama_cpp_gguf import KV_CACHE_TYPES, gguf_path, load
 
     kv = getattr(llama_cpp, f"GGML_TYPE_{KV_CACHE_TYPES[precision]}")
     n_ctx = len(prompt) + steps
-    llm = llama_cpp.Llama(model_path=str(gguf_path(SMOLLM2)), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
-                          n_threads=1, n_threads_batch=1, type_k=kv, type_v=kv, verbose=False)
+    llm = load(gguf_path(SMOLLM2), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=1, n_threads_batch=1,
+               type_k=kv, type_v=kv, verbose=False)
     tokens, top = [], []
     if cache:
         for token in llm.generate(prompt, temp=0.0, reset=True):
@@ -80,6 +82,19 @@ def _reference(prepared_models, prompt, precision: str, steps: int, cache: bool)
     return tokens, top
 
 
+def _llama_cpp_generate_each(prompts: list[list[int]], precision: str, steps: int, cache: bool):
+    return [_llama_cpp_generate(prompt, precision, steps, cache) for prompt in prompts]
+
+
+def _reference(prompts, precision: str, steps: int, cache: bool):
+    """The reference generation of each prompt, out of this process as every engine run of
+    the suite is."""
+    from tokenflip.engines.worker import isolated
+
+    return isolated(_llama_cpp_generate_each, ([list(p) for p in prompts], precision, steps, cache),
+                    what="llama-cpp-python's own generation")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("cache", ["on", "off"])
@@ -89,8 +104,9 @@ def test_a_llama_cpp_cell_is_what_llama_cpp_generates(cells, prepared_models, pr
     table, meta = cells[precision, cache]
     assert table.schema.equals(storage.cell_schema(8), check_metadata=False)
     assert table.num_rows == 2
-    for row in table.to_pylist():
-        ref_tokens, ref_top = _reference(prepared_models, row["prompt_ids"], precision, STEPS, cache == "on")
+    rows = table.to_pylist()
+    references = _reference([row["prompt_ids"] for row in rows], precision, STEPS, cache == "on")
+    for row, (ref_tokens, ref_top) in zip(rows, references):
         steps = row["n_tokens"]
         assert row["token_ids"] == ref_tokens[:steps], row["prompt_id"]
         if row["finish_reason"] == "length":
@@ -111,6 +127,10 @@ def test_a_llama_cpp_cell_records_the_engine_and_the_gguf(cells, prepared_models
     assert "CPU" in engine["system_info"] and engine["n_threads"] == 1
     assert len(engine["build_sha256"]) == 64 and engine["build_sha256"] == cells["fp32", "off"][1]["engine"]["build_sha256"]
     assert engine["kv_cache_type"] == "F16" and cells["fp32", "on"][1]["engine"]["kv_cache_type"] == "F32"
+    # No repacked (CPU_REPACK / AMX) weights on any CPU, as read back from llama.cpp; the CPU's
+    # kernel extensions are the environment's, compared like all provenance.
+    assert all(meta_["engine"]["weight_repack"] is False for _, meta_ in cells.values())
+    assert meta["environment"]["device"]["cpu_flags"] == kernel_flags()
     weights = meta["model"]["weights"]
     assert weights["gguf"] == SMOLLM2["file"]
     assert weights["gguf_sha256"] == read_manifest(prepared_models("smollm2"))["source_digest"]

@@ -367,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .cost_model import CostInputError
     from .engines.endpoint_client import EndpointError
+    from .engines.worker import WorkerError
     from .jobs import JobSpecError
     from .models import ModelError
     from .runtime import PromptFormatError
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         check_paths(args)
         args.func(args)
     except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
-            ResultError, PromptFormatError, InputError, CostInputError, EndpointError) as exc:
+            ResultError, PromptFormatError, InputError, CostInputError, EndpointError, WorkerError) as exc:
         print(f"tokenflip {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback

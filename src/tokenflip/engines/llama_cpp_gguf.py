@@ -9,6 +9,14 @@ vocabulary), so both engines read the same ids. A llama.cpp cell's weights are t
 (quantized blocks, dequantised inside each matrix product); its `precision` is the format
 of what it computes and caches around them: llama.cpp computes activations in fp32 on a
 CPU, and the precision sets its KV cache type (fp32 → F32; fp16 → F16, llama.cpp's default).
+
+Weight repacking is off on every CPU (`use_extra_bufts = False`: no CPU_REPACK or AMX buffer
+types): ggml's AMX buffer segfaults on every evaluation of more than one token of a Q4_1 GGUF
+on AMX Xeons (llama.cpp#20824), and with it off one GGUF runs the same weight layout on AVX2,
+AVX-512 and AMX CPUs. The setting, read back from the model's parameters, and the build's
+own features (`system_info`) are recorded in every cell's engine identity, so a repacked
+run would be another engine. The engine decodes in a process of its own (`worker.isolated`):
+a crash in its native code fails the cell, naming the signal, the build and the CPU.
 """
 
 from __future__ import annotations
@@ -85,7 +93,64 @@ class LlamaCppEngine(Engine):
         return "cpu"  # the llama-cpp-python build is a CPU build (a cell asking for cuda is refused)
 
     def decode(self, job, bench, model_dir, progress: bool) -> Decoded:
-        return decode_llama_cpp(job, bench, model_dir, progress)
+        from .worker import isolated
+
+        return isolated(decode_in_process, (job.to_json(), str(model_dir), progress), what=f"engine {LLAMA_CPP!r}",
+                        build=build_flags)
+
+
+def decode_in_process(job_json: dict[str, Any], model_dir: str, progress: bool) -> Decoded:
+    """The engine's process: the job as the cell runner prepared its own, then the decode."""
+    from .. import runtime
+    from ..benchmarks import build_benchmark
+    from ..jobs import CellJob
+
+    job = CellJob.from_json(job_json)
+    runtime.prepare_process(job.run_seed, job.threads, job.cell.deterministic)
+    return decode_llama_cpp(job, build_benchmark(job.cell.benchmark, job.benchmark), model_dir, progress)
+
+
+def disable_weight_repack() -> None:
+    """Every model this process loads through llama-cpp-python from now on is loaded without
+    the extra (repacking) buffer types, as `llama_model_params.use_extra_bufts = False` asks.
+    llama-cpp-python's `Llama` offers no argument for it, so the defaults it starts from are
+    wrapped; idempotent."""
+    import llama_cpp.llama_cpp as lib
+
+    if getattr(lib.llama_model_default_params, "tokenflip_without_repack", False):
+        return
+    defaults = lib.llama_model_default_params
+
+    def without_repack():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    without_repack.tokenflip_without_repack = True  # type: ignore[attr-defined]
+    lib.llama_model_default_params = without_repack
+
+
+def load(path: str | Path, **settings):
+    """llama-cpp-python's `Llama` on a GGUF without weight repacking: the engine's, the
+    server's and the tests' reference generation all load models through this."""
+    import llama_cpp
+
+    disable_weight_repack()
+    llm = llama_cpp.Llama(model_path=str(path), **settings)
+    if llm.model_params.use_extra_bufts:
+        raise RuntimeError(f"{path}: llama.cpp loaded it with weight repacking on; tokenflip turns it off")
+    return llm
+
+
+def build_flags() -> str:
+    """The build as a crash report names it: the package's version, ggml's features for this
+    CPU, and the repacking setting."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info()
+    info = info.decode() if isinstance(info, bytes) else str(info)
+    return (f"{LLAMA_CPP_PACKAGE} {importlib.metadata.version(LLAMA_CPP_PACKAGE)}, {info.strip()}, "
+            f"weight repacking off")
 
 
 def gguf_path(spec: dict[str, Any]) -> Path:
@@ -117,10 +182,9 @@ class LlamaCpp:
         self.threads = int(threads or 1)
         # One batch holds a whole sequence, so a prompt (and, with the cache off, the whole
         # sequence) is one llama_decode, as one forward is in the transformers cells.
-        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
-                                   n_threads=self.threads, n_threads_batch=self.threads, type_k=kv_type,
-                                   type_v=kv_type, flash_attn=False, logits_all=False, n_gpu_layers=0,
-                                   verbose=False)
+        self.llm = load(path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=self.threads,
+                        n_threads_batch=self.threads, type_k=kv_type, type_v=kv_type, flash_attn=False,
+                        logits_all=False, n_gpu_layers=0, verbose=False)
         self.precision = precision
         self.n_vocab = self.llm.n_vocab()
 
@@ -134,6 +198,8 @@ class LlamaCpp:
                 "n_ctx": int(self.llm.n_ctx()), "n_batch": int(self.llm.n_batch),
                 "n_threads": int(self._lib.llama_n_threads(self.llm.ctx)),
                 "n_gpu_layers": 0, "device": "cpu",
+                # read back from the parameters the model was loaded with (see the module's docstring)
+                "weight_repack": bool(self.llm.model_params.use_extra_bufts),
                 "kv_cache_type": KV_CACHE_TYPES[self.precision], "flash_attn": False, "activations": "fp32",
                 "file_type": self.llm.metadata.get("general.file_type")}
 

@@ -298,7 +298,7 @@ def _endpoint_lines(cells: pd.DataFrame) -> list[str]:
     return lines
 
 
-# The CPU extensions that decide which 16-bit kernels run (provenance.KERNEL_FLAGS holds
+# The CPU extensions that decide which 16-bit kernels run (cpu_flags.KERNEL_FLAGS holds
 # more), named in the header: the same run gives other numbers on a CPU with other ones.
 HEADER_FLAGS = {"avx2": ("avx2",), "avx512_bf16": ("avx512_bf16",), "avx512_fp16": ("avx512_fp16",),
                 "amx": ("amx_tile", "amx_bf16", "amx_int8", "amx_fp16")}
