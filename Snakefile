@@ -3,8 +3,8 @@
 import os
 import sys
 
-from tokenflip import config as tokenflip_config
-from tokenflip import runtime as tokenflip_runtime
+from tokenflip.study import config as tokenflip_config
+from tokenflip.core import scheduler as tokenflip_scheduler
 
 # Jobs call the `tokenflip` command of the installation that runs Snakemake (its bin
 # directory goes first on PATH, which SLURM jobs inherit); with
@@ -16,7 +16,7 @@ envvars:
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])
 # Every job inherits this scheduler's identity and stops if it dies (kill -9, a closed
 # terminal), so that no job of a killed run writes a result later.
-os.environ[tokenflip_runtime.SCHEDULER_VARIABLE] = tokenflip_runtime.scheduler_token()
+os.environ[tokenflip_scheduler.SCHEDULER_VARIABLE] = tokenflip_scheduler.scheduler_token()
 
 # A study is exactly its config: a --configfile replaces config/config.yaml, never merges
 # with it (so there is no `configfile:` directive); --config key=value still overrides.

@@ -102,7 +102,7 @@ def model_cache_root() -> Path:
 
 def prepared_dir(spec: dict[str, Any] = SMOLLM2, model_dir: Path | None = None) -> Path:
     """A prepared model directory for `spec`, prepared once (about 25 s for SmolLM2) and reused."""
-    from tokenflip.models import MANIFEST, prepare
+    from tokenflip.models.prepare import MANIFEST, prepare
 
     if model_dir is not None:
         return Path(model_dir)
@@ -120,7 +120,7 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 def load_model(args, precision: str):
     """(model, tokenizer or None) in `precision` on `args.device`."""
     if args.model == "smollm2":
-        from tokenflip.models import load_prepared
+        from tokenflip.models.prepare import load_prepared
 
         model, tokenizer, _ = load_prepared(prepared_dir(SMOLLM2, args.model_dir), precision, args.device)
         return model, tokenizer
@@ -157,7 +157,7 @@ def prompts(tokenizer, n: int, seed: int = 0, vocab_size: int = 32000) -> list[l
 
 def batch(tokenizer, model, n: int, seed: int = 0):
     """Left-padded (input_ids, attention_mask) of n prompts; a single prompt is unpadded."""
-    from tokenflip.decode import left_pad
+    from tokenflip.run.decode import left_pad
 
     ids = prompts(tokenizer, n, seed, model.config.vocab_size)
     return left_pad(ids, pad_id(model, tokenizer))
@@ -166,7 +166,7 @@ def batch(tokenizer, model, n: int, seed: int = 0):
 def greedy_tokens(model, prompts: list[list[int]], pad: int, new_tokens: int, **options) -> list[list[int]]:
     """Each prompt decoded alone (batch size 1) for `new_tokens` tokens, EOS ignored, with the
     decode loop's `options` (use_cache, form, prefix): the generated token ids per prompt."""
-    from tokenflip.decode import decode, left_pad
+    from tokenflip.run.decode import decode, left_pad
 
     options.setdefault("use_cache", True)
     out = []

@@ -26,7 +26,7 @@ import time
 import _common as c
 import torch
 
-from tokenflip.caches import CacheForm, kv_dtype_unavailable, shared_prefix
+from tokenflip.run.caches import CacheForm, kv_dtype_unavailable, shared_prefix
 
 
 def exemplar_prompts(tokenizer, n: int) -> list[list[int]]:

@@ -23,7 +23,7 @@ import time
 import _common as c
 import numpy as np
 
-from tokenflip.decode import decode, greedy
+from tokenflip.run.decode import decode, greedy
 
 
 def run(model, ids, mask, pad, n: int, use_cache: bool, device: str) -> tuple[list[float], float]:

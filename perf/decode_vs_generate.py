@@ -6,7 +6,7 @@ to generate(); this script checks the tokens too). Every run generates exactly
 
 Variants, alternated round by round in one process:
   generate           model.generate(do_sample=False, use_cache=True)
-  decode             tokenflip.decode.decode with the default per-step record (top-16,
+  decode             tokenflip.run.decode.decode with the default per-step record (top-16,
                      margin, logsumexp, entropy, intervention flag), as every cell runs
   decode-norecord    the same loop with its `StepRecord` replaced by one that keeps only the
                      chosen tokens (recording cannot be turned off in the loop itself)
@@ -34,8 +34,8 @@ import _common as c
 import torch
 from _syncs import HostSyncs
 
-import tokenflip.decode as decode_mod
-from tokenflip.decode import Generation, StepRecord, decode
+from tokenflip.run import decode as decode_mod
+from tokenflip.run.decode import Generation, StepRecord, decode
 
 
 class TokensOnly(StepRecord):

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from _common import SMOLLM2, machine, median, prepared_dir
 
-from tokenflip.engines import endpoint_client
-from tokenflip.serve import Server, free_port, gguf_of, llama_cpp_command, vllm_command, vllm_env
+from tokenflip.run.engines.endpoint import client as endpoint_client
+from tokenflip.run.engines.local_servers import Server, free_port, gguf_of, llama_cpp_command, vllm_command, vllm_env
 
 
 def bodies(model: str, n: int, max_tokens: int, seed: int) -> list[dict]:

@@ -20,8 +20,8 @@ import time
 
 import _common as c
 
-from tokenflip.engines import unavailable
-from tokenflip.engines.llama_cpp_gguf import LlamaCpp, gguf_path
+from tokenflip.run.engines import unavailable
+from tokenflip.run.engines.llama_cpp_gguf import LlamaCpp, gguf_path
 
 
 def main(argv=None) -> int:
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         return lambda: c.greedy_tokens(model, prompts, pad, new_tokens, use_cache=use_cache)
 
     def llama_run(precision: str, use_cache: bool):
-        from tokenflip.decode import greedy
+        from tokenflip.run.decode import greedy
 
         def run():
             return [engines[precision].decode(ids, max_new_tokens=new_tokens, use_cache=use_cache,

@@ -48,8 +48,7 @@ from gpu_checks.environment import environment, locked_versions  # noqa: E402,F4
 from gpu_checks.models import REAL_LAYERS  # noqa: E402
 from gpu_checks.perf_scripts import part_perf  # noqa: E402
 from gpu_checks.pipeline import part_pipeline, prepare_pipeline_model  # noqa: E402
-from gpu_checks.record import (REPO, Recorder, call_with_timeout, log, run_group,  # noqa: E402,F401
-                               transfer_budget, tree_bytes, write_json)
+from gpu_checks.record import REPO, Recorder, call_with_timeout, log, run_group, transfer_budget, tree_bytes, write_json  # noqa: E402,F401
 
 DEFAULT_CARRY = PERF / "gpu-carry"
 

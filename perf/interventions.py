@@ -26,8 +26,8 @@ import time
 import _common as c
 import torch
 
-from tokenflip.decode import decode
-from tokenflip.interventions import InterventionHead, apply_to_model
+from tokenflip.run.decode import decode
+from tokenflip.run.interventions import InterventionHead, apply_to_model
 
 VARIANTS = {
     "none": {"kind": "none"},

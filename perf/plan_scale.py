@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from tokenflip import config as cfg
-from tokenflip.plan import expand_cells, expand_pairs
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import expand_cells, expand_pairs
 
 
 def study(models: int, batch_sizes: int, max_cells: int) -> dict:

@@ -3,7 +3,7 @@
 The study is pipeline_scale.py's: 10 models x 2 benchmarks x (fp32/bf16/fp16 x cache on/off x
 batch sizes 1/2/4/8 x interventions none/C-gated) = 960 cells and 1,520 pairs, with the
 kv_cache and precision probes on every model x benchmark (30 layers per model). Its
-summary tables are synthesised directly, with the columns `tokenflip.summary` writes and
+summary tables are synthesised directly, with the columns `tokenflip.analysis.summary` writes and
 realistic sizes and values (a few cells missing, about half the prompts diverging, 4
 probed prompts x 256 steps per probe), so that the run takes seconds, not the hours of
 writing and aggregating 960 cell files. Then:
@@ -76,14 +76,14 @@ def _divergence_odds(pair, model_index: int) -> float:
 def synthetic_frames(models: int = 10, missing_cells: int = 3, seed: int = 0) -> tuple[dict[str, Any],
                                                                                        dict[str, pd.DataFrame]]:
     """(validated config, every summary table) of the synthetic large study."""
-    from tokenflip import config as cfg
-    from tokenflip.causes import CAUSES
-    from tokenflip.compare import summarize
-    from tokenflip.summary_verdicts import STILL_IDENTICAL_COLUMNS, still_identical_rows
-    from tokenflip.plan import expand_cells, expand_pairs
-    from tokenflip.intervention_table import intervention_rows
-    from tokenflip.interventions import no_intervention_labels
-    from tokenflip.summary import _pair_base, environment_rows
+    from tokenflip.analysis.causes import CAUSES
+    from tokenflip.analysis.compare import summarize
+    from tokenflip.analysis.floors import STILL_IDENTICAL_COLUMNS, still_identical_rows
+    from tokenflip.analysis.interventions import intervention_rows
+    from tokenflip.analysis.summary import _pair_base, environment_rows
+    from tokenflip.run.interventions import no_intervention_labels
+    from tokenflip.study import config as cfg
+    from tokenflip.study.plan import expand_cells, expand_pairs
 
     rng = np.random.default_rng(seed)
     config = cfg.validate(study(models), source="report_scale")
@@ -245,7 +245,7 @@ def _probe_frames(config: dict[str, Any], rng: np.random.Generator) -> dict[str,
 
 def write_synthetic_summaries(out_dir: str | Path, models: int = 10, missing_cells: int = 3) -> dict[str, Any]:
     """Write the synthetic study's summary tables into `out_dir`; returns its config."""
-    from tokenflip import storage
+    from tokenflip.core import storage
 
     config, frames = synthetic_frames(models, missing_cells)
     out_dir = Path(out_dir)

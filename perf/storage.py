@@ -25,7 +25,6 @@ import _common as c
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from pipeline_scale import base_arrays, cell_records
 
 CODECS = {  # name -> pq.write_table keyword arguments
@@ -59,9 +58,9 @@ K = 16
 def real_table(args, n_prompts: int, new_tokens: int) -> pa.Table:
     import torch
 
-    from tokenflip import storage
-    from tokenflip.runtime import eos_ids
-    from tokenflip.decode import decode
+    from tokenflip.core import storage
+    from tokenflip.run.decode import decode
+    from tokenflip.run.runtime import eos_ids
 
     model, tokenizer = c.load_model(args, "fp32")
     pad = c.pad_id(model, tokenizer)
@@ -108,7 +107,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     real = real_table(args, 4 if args.quick else 8, 48 if args.quick else 96)
     rng = np.random.default_rng(0)
-    from tokenflip import storage
+    from tokenflip.core import storage
 
     synthetic = storage.cell_table(cell_records(base_arrays(rng), rng), K)
     tables = {"real": real, "synthetic": synthetic}

@@ -25,9 +25,9 @@ from types import SimpleNamespace
 
 import _common as c
 
-from tokenflip.engines import VLLM, unavailable
-from tokenflip.engines.vllm_offline import DTYPES, call_worker, engine_env
-from tokenflip.jobs import Cell
+from tokenflip.core.specs import Cell
+from tokenflip.run.engines import VLLM, unavailable
+from tokenflip.run.engines.vllm_offline.engine import DTYPES, call_worker, engine_env
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def prepared_models(tmp_path_factory):
     """Prepare each model spec once per session; returns a function spec_name -> dir."""
-    from tokenflip.models import prepare
+    from tokenflip.models.prepare import prepare
 
     root = tmp_path_factory.mktemp("models")
     cache: dict[str, Path] = {}

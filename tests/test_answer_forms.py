@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenflip.benchmarks import Item, build_benchmark
-from tokenflip.benchmarks.answers import NUMERIC_RULES, answers_match, find_answer
+from tokenflip.run.benchmarks import Item, build_benchmark
+from tokenflip.run.benchmarks.answers import NUMERIC_RULES, answers_match, find_answer
 
 
 def _score(completion: str, gold: str):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
 from test_workflow import scheduled_jobs, snakemake
-from tokenflip import storage
+
+from tokenflip.core import storage
 
 TINY = {"source": "random", "architecture": "llama", "seed": 0}
 

@@ -17,12 +17,13 @@ from dataclasses import replace
 import pytest
 
 from conftest import REPO
-from tokenflip import config as cfg
-from tokenflip.axes import AXES, CORE_AXES, FURTHER_AXES, cell_name_pattern
-from tokenflip.cell import CellMismatch, check_ran_as_named
-from tokenflip.engines import REGISTRY, engine as engine_named
-from tokenflip.jobs import Cell
-from tokenflip.plan import cell_job, expand_cells, expand_pairs
+from tokenflip.core.axes import AXES, CORE_AXES, FURTHER_AXES, cell_name_pattern
+from tokenflip.core.specs import Cell
+from tokenflip.run.cell import CellMismatch, check_ran_as_named
+from tokenflip.run.engines import REGISTRY
+from tokenflip.run.engines import engine as engine_named
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import cell_job, expand_cells, expand_pairs
 
 STUDY = {
     "run": "axes",
@@ -191,9 +192,9 @@ def _none_study(label: str) -> dict:
 def test_no_intervention_is_known_by_its_kind_not_its_label():
     import pandas as pd
 
-    from tokenflip.intervention_table import intervention_rows
-    from tokenflip.plan import config_plain_values
+    from tokenflip.analysis.interventions import intervention_rows
     from tokenflip.report.tables import precision_table
+    from tokenflip.study.plan import config_plain_values
 
     tables = {}
     for label in ("none", "baseline"):
@@ -205,8 +206,8 @@ def test_no_intervention_is_known_by_its_kind_not_its_label():
         cells = pd.DataFrame({"cell_id": [c.id for c in expand_cells(config)], "seconds_per_token": 0.01,
                               "trigger_rate": 0.0})
         rows = intervention_rows(config, agree, cells)
-        from tokenflip.summary import _pair_base
-        from tokenflip.interventions import no_intervention_labels
+        from tokenflip.analysis.summary import _pair_base
+        from tokenflip.run.interventions import no_intervention_labels
 
         frame = pd.DataFrame([{**_pair_base(p, no_intervention_labels(config)), "status": "done",
                                "divergence_ci_low": 0.1, "divergence_ci_high": 0.5} for p in pairs])
@@ -240,19 +241,19 @@ ENGINE_EDITS = [
      '        model, tokenizer, manifest = load_prepared('),
     ('"use_cache": use_cache, "intervention"',
      '"use_cache": use_cache, "matmul_precision": torch.get_float32_matmul_precision(), "intervention"'),
-    ('    def decode(self, job, bench, model_dir, progress: bool) -> Decoded:\n        from .. import runtime\n',
+    ('    def decode(self, job, bench, model_dir, progress: bool) -> Decoded:\n        from tokenflip.models',
      '    def decode(self, job, bench, model_dir, progress: bool) -> Decoded:\n        import torch\n\n'
-     '        from .. import runtime\n'),
+     '        from tokenflip.models'),
 ]
 
 RUN_THE_AXIS = r'''
 import json, sys
 from pathlib import Path
 import tokenflip
-from tokenflip import config as cfg
-from tokenflip.cell import run_cell
-from tokenflip.models import prepare
-from tokenflip.plan import cell_job, expand_cells
+from tokenflip.study import config as cfg
+from tokenflip.run.cell import run_cell
+from tokenflip.models.prepare import prepare
+from tokenflip.study.plan import cell_job, expand_cells
 
 assert Path(tokenflip.__file__).is_relative_to(sys.argv[1]), tokenflip.__file__
 study = json.loads(sys.argv[2])
@@ -283,12 +284,12 @@ def test_a_made_up_axis_is_one_table_entry_and_one_engine(tmp_path):
     root = tmp_path / "src"
     shutil.copytree(REPO / "src" / "tokenflip", root / "tokenflip",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    axes = root / "tokenflip" / "axes.py"
+    axes = root / "tokenflip" / "core" / "axes.py"
     text = axes.read_text()
     anchor = '    Axis("tensor_parallel",'
     assert text.count(anchor) == 1
     axes.write_text(text.replace(anchor, MADE_UP_AXIS + anchor))
-    engine = root / "tokenflip" / "engines" / "transformers_loop.py"
+    engine = root / "tokenflip" / "run" / "engines" / "transformers_loop.py"
     text = engine.read_text()
     for old, new in ENGINE_EDITS:
         assert text.count(old) == 1, old

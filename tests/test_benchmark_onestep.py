@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from tokenflip.benchmarks.base import BenchmarkError, Item
-from tokenflip.benchmarks.onestep import (
+from tokenflip.run.benchmarks.base import BenchmarkError, Item
+from tokenflip.run.benchmarks.onestep import (
     MAX_SHOTS,
     OPERATIONS,
     SYSTEM_PROMPT,

@@ -1,4 +1,4 @@
-"""Tests for tokenflip.benchmarks: generated arithmetic, GSM8K loading and answer extraction."""
+"""Tests for tokenflip.run.benchmarks: generated arithmetic, GSM8K loading and answer extraction."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tokenflip.benchmarks import (
+from conftest import SHARED_DATA as DATA  # noqa: E402
+from tokenflip.run.benchmarks import (
     BENCHMARKS,
     MATH_SYSTEM_PROMPT,
     ArithmeticBenchmark,
@@ -25,7 +26,6 @@ from tokenflip.benchmarks import (
     normalize_answer,
 )
 
-from conftest import SHARED_DATA as DATA  # noqa: E402
 GSM8K_TEST = DATA / "gsm8k" / "test.jsonl"
 GSM8K_TEST_RECORDS = 1319
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenflip.benchmarks import (
+from conftest import SHARED_DATA as DATA  # noqa: E402
+from tokenflip.run.benchmarks import (
     BenchmarkError,
     HumanEvalBenchmark,
     Limits,
@@ -24,11 +25,10 @@ from tokenflip.benchmarks import (
     extract_code,
     run_program,
 )
-from tokenflip.sandbox.execution import tagged_processes
-from tokenflip.benchmarks.humaneval import INSTRUCTION
-from tokenflip.benchmarks.mbpp import extract_mbpp_code, task_prompt
+from tokenflip.run.benchmarks.humaneval import INSTRUCTION
+from tokenflip.run.benchmarks.mbpp import extract_mbpp_code, task_prompt
+from tokenflip.run.sandbox.execution import tagged_processes
 
-from conftest import SHARED_DATA as DATA  # noqa: E402
 HUMANEVAL = DATA / "humaneval" / "HumanEval.jsonl.gz"
 MBPP_FULL = DATA / "mbpp" / "mbpp.jsonl"
 MBPP_SANITIZED = DATA / "mbpp" / "sanitized-mbpp.json"
@@ -399,7 +399,7 @@ def test_skipping_the_tests_does_not_pass():
     ids=["memory", "cpu", "file size"],
 )
 def test_resource_limits(program, limits, status, stderr):
-    from tokenflip.sandbox.execution import TestProgram, run_sample
+    from tokenflip.run.sandbox.execution import TestProgram, run_sample
 
     start = time.monotonic()
     result = run_sample(program, TestProgram("", "pass\n", ()), limits)
@@ -408,7 +408,7 @@ def test_resource_limits(program, limits, status, stderr):
 
 
 def test_solution_environment_is_minimal_and_isolated(tmp_path, monkeypatch):
-    from tokenflip.sandbox.execution import TestProgram, run_sample
+    from tokenflip.run.sandbox.execution import TestProgram, run_sample
 
     monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

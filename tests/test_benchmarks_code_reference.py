@@ -16,10 +16,9 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from tokenflip import compare
-from tokenflip.benchmarks import HumanEvalBenchmark, build_benchmark
-
 from conftest import SHARED_DATA
+from tokenflip.analysis import compare
+from tokenflip.run.benchmarks import HumanEvalBenchmark, build_benchmark
 
 HUMANEVAL = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
 CASES = yaml.safe_load((Path(__file__).parent / "data" / "humaneval_official.yaml").read_text(encoding="utf-8"))
@@ -157,7 +156,7 @@ def test_code_answers_agree_when_their_execution_outcomes_do():
     and a sample the sandbox could not score agrees with nothing."""
     import numpy as np
 
-    from tokenflip import storage
+    from tokenflip.core import storage
 
     def table(rows):
         records = [{"prompt_index": i, "prompt_id": f"p{i}", "batch_index": i, "prompt_ids": [1],

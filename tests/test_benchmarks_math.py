@@ -12,10 +12,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 import yaml
 
-from tokenflip.benchmarks import (
+from conftest import SHARED_DATA as DATA  # noqa: E402
+from tokenflip.run.benchmarks import (
     MATH_SYSTEM_PROMPT,
     BenchmarkError,
     GSM8KBenchmark,
@@ -24,10 +24,9 @@ from tokenflip.benchmarks import (
     build_benchmark,
     last_boxed,
 )
-from tokenflip.benchmarks.math_equiv import RULES
-from tokenflip.benchmarks.math500 import BOXED_SYSTEM_PROMPT
+from tokenflip.run.benchmarks.math500 import BOXED_SYSTEM_PROMPT
+from tokenflip.run.benchmarks.math_equiv import RULES
 
-from conftest import SHARED_DATA as DATA  # noqa: E402
 MATH500 = DATA / "math500" / "test.jsonl"
 GSM8K_TEST = DATA / "gsm8k" / "test.jsonl"
 

@@ -13,10 +13,10 @@ import copy
 import pytest
 import torch
 
-from tokenflip.caches import CacheForm, CacheFormError, Prefix, kv_dtype_unavailable, shared_prefix
-from tokenflip.decode import decode, greedy, left_pad
-from tokenflip.models import load_prepared
-from tokenflip.runtime import eos_ids
+from tokenflip.models.prepare import load_prepared
+from tokenflip.run.caches import CacheForm, CacheFormError, Prefix, kv_dtype_unavailable, shared_prefix
+from tokenflip.run.decode import decode, greedy, left_pad
+from tokenflip.run.runtime import eos_ids
 
 TEXTS = ["Tom has 3 apples and buys 4 more. How many apples does he have now? Answer:",
          "A box holds 12 eggs. How many eggs are in 5 boxes? Answer:",
@@ -202,7 +202,7 @@ def test_compiled_static_cache_equals_generate_compiled(llama):
 # --- The axes: values, refusals, names -------------------------------------------------
 
 def _config(*grids, comparisons=(), interventions=None):
-    from tokenflip.config import validate
+    from tokenflip.study.config import validate
 
     cfg = {"run": "forms", "models": {"tiny": {"source": "random", "architecture": "llama", "seed": 0}},
            "benchmarks": {"arith": {"kind": "arithmetic", "n": 3, "max_new_tokens": 8}},
@@ -214,7 +214,7 @@ def _config(*grids, comparisons=(), interventions=None):
 
 
 def _refusal(*grids, **kw) -> str:
-    from tokenflip.config import ConfigError
+    from tokenflip.study.config import ConfigError
 
     with pytest.raises(ConfigError) as err:
         _config(*grids, **kw)
@@ -222,7 +222,7 @@ def _refusal(*grids, **kw) -> str:
 
 
 def test_each_axis_takes_its_values_and_renames_nothing_at_its_default():
-    from tokenflip.plan import expand_cells, pairs_of_comparison
+    from tokenflip.study.plan import expand_cells, pairs_of_comparison
 
     config = _config({"prefill_chunk": [16, "default"], "prefix_cache": [False, True]},  # bare YAML off/on
                      {"kv_dtype": ["default", "fp8_e4m3", "fp8_e5m2", "int4"]},
@@ -282,9 +282,9 @@ def test_an_uninstalled_backend_is_refused_at_validation(monkeypatch):
 def test_a_study_compares_and_reports_every_cache_form(tmp_path):
     import pyarrow.parquet as pq
     import yaml
-
     from test_workflow import snakemake
-    from tokenflip import storage
+
+    from tokenflip.core import storage
 
     base = {"precision": ["fp32"], "cache": ["on"], "batch_size": [1]}
     cfg = {"run": "forms", "models": {"tiny": {"source": "random", "architecture": "llama", "seed": 0}},
@@ -330,7 +330,7 @@ def test_a_study_compares_and_reports_every_cache_form(tmp_path):
 
 
 def test_the_kv_probe_replays_the_default_trajectory_through_each_form(llama):
-    from tokenflip.probes.kv_cache import probe_prompt
+    from tokenflip.run.probes.kv_cache import probe_prompt
 
     model, tok = llama
     prompt = tok(TEXTS[0])["input_ids"]

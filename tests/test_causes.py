@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from tokenflip import compare
-from tokenflip.causes import cause, rejoin_step, resolution
-
 from test_storage_compare import K, hand_tables
+
+from tokenflip.analysis import compare
+from tokenflip.analysis.causes import cause, rejoin_step, resolution
 
 
 @pytest.mark.parametrize("value", [24.5, 4.0, 1.0, 0.7, 1000.0, -24.5, 3e-5])

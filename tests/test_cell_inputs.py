@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from conftest import copy_run, run_snakemake, tiny_study, write_yaml
-from tokenflip import config as cfg
-from tokenflip.cell import run_cell
-from tokenflip.finite import NonFiniteLogits, require_finite
-from tokenflip.layout import RunLayout
-from tokenflip.models import ModelError, load_prepared, load_tokenizer, prepare
-from tokenflip.plan import cell_job, expand_cells
+from tokenflip.core.layout import RunLayout
+from tokenflip.models.prepare import ModelError, load_prepared, load_tokenizer, prepare
+from tokenflip.run.cell import run_cell
+from tokenflip.run.finite import NonFiniteLogits, require_finite
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import cell_job, expand_cells
 
 LLAMA = {"source": "random", "architecture": "llama", "seed": 0}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from conftest import tiny_study, write_yaml
-from tokenflip import storage
+from tokenflip.core import storage
 
 
 def tokenflip(*args, cwd=None):
@@ -50,7 +50,7 @@ def test_run_cell_then_digest(tmp_path):
 # traceback a user would see.
 DRIVER = r"""
 import contextlib, io, json, signal, sys, traceback
-from tokenflip import cli
+from tokenflip.cli import main as cli
 
 def deadline(signum, frame):
     raise TimeoutError("no answer within the deadline")
@@ -88,7 +88,7 @@ STRINGS = ["", LONG, "../../etc/passwd", "--help-me", "\u202eevil"]
 
 def _commands():
     """{name: subparser} from the parser itself, so that a new command is covered."""
-    from tokenflip import cli
+    from tokenflip.cli import main as cli
 
     parser = cli.build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -96,7 +96,7 @@ def _commands():
 
 
 def _kind(action) -> str:
-    from tokenflip import cli_args
+    from tokenflip.cli import args as cli_args
 
     if action.nargs == 0:
         return "flag"

@@ -11,14 +11,14 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from tokenflip import completions
+from tokenflip.analysis import texts as completions
 from tokenflip.report import common, diverged, page, tables
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     """The tokenizer random models borrow (the default model's, SmolLM2's byte-level BPE)."""
-    from tokenflip.models import RANDOM_TOKENIZER, _load_tokenizer
+    from tokenflip.models.prepare import RANDOM_TOKENIZER, _load_tokenizer
 
     return _load_tokenizer(RANDOM_TOKENIZER)
 
@@ -218,7 +218,7 @@ def test_a_rejoin_step_read_back_from_parquet_is_shown_as_it_is():
 def _cell_file(path, tokens: list[list[int]], decode) -> str:
     import numpy as np
 
-    from tokenflip import storage
+    from tokenflip.core import storage
 
     records = [{"prompt_index": i, "prompt_id": f"p{i}", "batch_index": i, "prompt_ids": [1], "token_ids": ids,
                 "top_ids": np.asarray([[t, t + 1] for t in ids], np.int32),
@@ -234,7 +234,7 @@ def _cell_file(path, tokens: list[list[int]], decode) -> str:
 def test_without_the_prepared_tokenizer_the_stored_texts_are_shown_unmarked(tokenizer, decode, tmp_path):
     """resources/ removed after the run: the rows keep the texts the cells stored (the same
     tokenizer's decoding, made when they ran) and say that they are not split."""
-    from tokenflip.jobs import Cell, Pair
+    from tokenflip.core.specs import Cell, Pair
 
     a_ids, b_ids = tokenizer.encode("Janet lays 16 eggs"), tokenizer.encode("Janet's ducks lay")
     step = next(i for i, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y)

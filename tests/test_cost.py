@@ -10,9 +10,17 @@ import sys
 import pytest
 
 from conftest import REPO
-from tokenflip.cost_model import (CalibrationFileError, CpuCalibration, Device, batch_positions,
-                                  generation_seconds, gpu_overhead_from, intervention_work, probe_seconds)
-from tokenflip.model_size import ModelSize, PUBLISHED_CONFIGS, head_size, model_size, size_in_name
+from tokenflip.models.size import PUBLISHED_CONFIGS, ModelSize, head_size, model_size, size_in_name
+from tokenflip.study.cost.model import (
+    CalibrationFileError,
+    CpuCalibration,
+    Device,
+    batch_positions,
+    generation_seconds,
+    gpu_overhead_from,
+    intervention_work,
+    probe_seconds,
+)
 
 ONE_B = ModelSize(1e9, 1e9, None, None, "test")  # no layers: the roofline alone
 
@@ -331,9 +339,9 @@ def test_no_cost_figure_is_negative_nan_or_infinite_at_the_bounds_of_every_input
     overhead, a prompt's length): every figure priced is a finite number, none negative."""
     import math
 
-    from tokenflip import config as cfg
-    from tokenflip.cost import price
-    from tokenflip.cost_model import GPU_BANDWIDTH_GBS, GPU_TFLOPS, MAX_PROMPT_TOKENS, OVERHEAD_PER_LAYER_MS
+    from tokenflip.study import config as cfg
+    from tokenflip.study.cost.estimate import price
+    from tokenflip.study.cost.model import GPU_BANDWIDTH_GBS, GPU_TFLOPS, MAX_PROMPT_TOKENS, OVERHEAD_PER_LAYER_MS
 
     config = cfg.load(REPO / "config" / "paper-kv-cache.yaml")
     counted = 0
@@ -355,9 +363,9 @@ def test_no_cost_figure_is_negative_nan_or_infinite_at_the_bounds_of_every_input
                                                      (2000, float("inf"), 10), (-1, 150, 10), (2000, 150, 0),
                                                      (2000, 150, float("nan")), (2000, 150, 1e308), (True, 150, 10)])
 def test_price_refuses_what_no_gpu_or_prompt_can_be(bandwidth, tflops, tokens):
-    from tokenflip import config as cfg
-    from tokenflip.cost import price
-    from tokenflip.cost_model import CostInputError
+    from tokenflip.study import config as cfg
+    from tokenflip.study.cost.estimate import price
+    from tokenflip.study.cost.model import CostInputError
 
     config = cfg.load(REPO / "config" / "paper-kv-cache.yaml")
     with pytest.raises(CostInputError, match="--bandwidth-gbs|--tflops|--prompt-tokens"):
@@ -365,7 +373,7 @@ def test_price_refuses_what_no_gpu_or_prompt_can_be(bandwidth, tflops, tokens):
 
 
 def test_a_figure_that_comes_out_negative_or_nan_is_refused_not_printed():
-    from tokenflip.cost_model import CostInputError, check_figures
+    from tokenflip.study.cost.model import CostInputError, check_figures
 
     check_figures({"generate": {"seconds": 1.0, "cells": 2}, "per_cell": {"a": None}, "unknown": []})
     for bad in (float("nan"), float("inf"), -1.0):

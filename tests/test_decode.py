@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenflip.benchmarks import build_benchmark
-from tokenflip.runtime import eos_ids, prompt_token_ids
-from tokenflip.decode import decode, greedy, left_pad, step_statistics
-from tokenflip.models import load_prepared
+from tokenflip.models.prepare import load_prepared
+from tokenflip.run.benchmarks import build_benchmark
+from tokenflip.run.decode import decode, greedy, left_pad, step_statistics
+from tokenflip.run.runtime import eos_ids, prompt_token_ids
 
 PROMPTS = ["Tom has 3 apples and buys 4 more. How many apples does he have?",
            "A box holds 12 eggs. How many eggs are in 5 boxes?",
@@ -197,7 +197,7 @@ def test_stop_strings_equal_generate(prepared_models, arch, use_cache):
     """A row ends on the token that completes a stop string, exactly where generate(stop_strings=...)
     ends it: same tokens, same logits at every step, the other rows of the left-padded batch
     going on; its decoded completion contains the stop for the first time at that step."""
-    from tokenflip.decode import stop_criterion
+    from tokenflip.run.decode import stop_criterion
 
     model, tokenizer, _ = load_prepared(prepared_models(arch), "bf16", "cpu")
     ids, mask = _inputs(tokenizer, 4)

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import REPO
-from tokenflip.decode import Generation, StepRecord, decode, left_pad, record_step
-from tokenflip.heads import GatedFP32Head
-from tokenflip.models import load_prepared
+from tokenflip.models.prepare import load_prepared
+from tokenflip.run.decode import Generation, StepRecord, decode, left_pad, record_step
+from tokenflip.run.heads import GatedFP32Head
 
 _spec = importlib.util.spec_from_file_location("perf_syncs", REPO / "perf" / "_syncs.py")
 perf_syncs = importlib.util.module_from_spec(_spec)

@@ -21,14 +21,14 @@ import sys
 import pytest
 
 from conftest import SMOLLM2, run_snakemake
-from tokenflip import config as cfg
-from tokenflip import storage
-from tokenflip.cell import run_cell
-from tokenflip.engines import LLAMA_CPP, unavailable
-from tokenflip.engines.endpoint_client import EndpointError
-from tokenflip.jobs import Cell
-from tokenflip.plan import cell_job
-from tokenflip.serve import Server, free_port, gguf_of, llama_cpp_command
+from tokenflip.core import storage
+from tokenflip.core.specs import Cell
+from tokenflip.run.cell import run_cell
+from tokenflip.run.engines import LLAMA_CPP, unavailable
+from tokenflip.run.engines.endpoint.client import EndpointError
+from tokenflip.run.engines.local_servers import Server, free_port, gguf_of, llama_cpp_command
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import cell_job
 
 # In CI the environment is built by `make test`: there a missing one is a failure.
 pytestmark = pytest.mark.skipif(unavailable(LLAMA_CPP) is not None and not os.environ.get("CI"),
@@ -98,8 +98,8 @@ def test_llama_cpp_servers_repetition_penalty_is_a_finding_naming_its_steps(serv
     # Against tokenflip's own loop on the same weights, a parting where the server chose below
     # its top is labelled `unexplained` (read from its ranks: its logprobs hold no logit
     # magnitude), any other is an exact tie or has no comparable logits.
-    from tokenflip.compare import compare_files
-    from tokenflip.jobs import Pair
+    from tokenflip.analysis.compare import compare_files
+    from tokenflip.core.specs import Pair
 
     cells = {e: Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine=e) for e in ("transformers", "llama")}
     _cell(config, servers, tmp_path, "transformers")
@@ -159,7 +159,7 @@ def test_a_fault_that_persists_fails_the_cell_naming_the_request(servers, proxy,
 
 
 def test_a_server_that_is_down_or_serves_another_model_is_refused_before_any_job(servers, tmp_path):
-    from tokenflip.engines.endpoint_server import problem
+    from tokenflip.run.engines.endpoint.server import problem
 
     down = f"http://127.0.0.1:{free_port()}/v1"
     assert "nothing answers at " + down + "/models" in problem("prod", {"url": down, "model": NAME})

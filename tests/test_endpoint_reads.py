@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from tokenflip.engines.endpoint_client import EndpointError, InFlight
-from tokenflip.engines.endpoint_responses import Vocabulary, read, scores_kind
-from tokenflip.engines.openai_endpoint import observed_order, send_order
+from tokenflip.run.engines.endpoint.client import EndpointError, InFlight
+from tokenflip.run.engines.endpoint.engine import observed_order, send_order
+from tokenflip.run.engines.endpoint.responses import Vocabulary, read, scores_kind
 
 
 def test_requests_in_flight_are_time_weighted_over_the_cells_own_requests():
@@ -37,7 +37,7 @@ def test_the_order_sent_is_read_back_from_what_was_sent():
 
 @pytest.fixture(scope="module")
 def tokenizer(prepared_models):
-    from tokenflip.models import load_tokenizer
+    from tokenflip.models.prepare import load_tokenizer
 
     return load_tokenizer(prepared_models("smollm2"))
 

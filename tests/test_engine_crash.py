@@ -9,17 +9,15 @@ from __future__ import annotations
 import ctypes
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tokenflip import config as cfg
-from tokenflip import engines
-from tokenflip.cpu_flags import cpu_flags, cpu_model, kernel_flags
-from tokenflip.engines.worker import EngineCrash, WorkerError, isolated
-from tokenflip.plan import expand_cells
-
 from conftest import SMOLLM2, tiny_study, write_yaml
+from tokenflip.core.cpu_flags import cpu_flags, cpu_model, kernel_flags
+from tokenflip.run import engines
+from tokenflip.run.engines.worker import EngineCrash, WorkerError, isolated
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import expand_cells
 
 
 def _double(x):
@@ -78,7 +76,7 @@ def _crashing_decode(job, bench, model_dir, progress):
 def test_a_cell_whose_engine_segfaults_fails_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
     """`tokenflip run-cell` around a crashed engine: one line naming the crash, exit 1, no
     cell file, and this test's own process lives on to check it."""
-    from tokenflip import cli
+    from tokenflip.cli import main as cli
 
     study = tiny_study()
     study.update(models={"m": {"source": "random", "architecture": "llama", "seed": 0}},
@@ -106,7 +104,7 @@ def _evaluate_with_repack(path: str, repack: bool) -> int:
     number of vocabulary entries in the logits, if the process survives."""
     import llama_cpp
 
-    from tokenflip.engines.llama_cpp_gguf import load
+    from tokenflip.run.engines.llama_cpp_gguf import load
 
     if repack:
         llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_batch=64, n_ubatch=64, n_threads=1, verbose=False)
@@ -122,7 +120,7 @@ def _evaluate_with_repack(path: str, repack: bool) -> int:
 def test_on_an_amx_cpu_repacked_weights_crash_llama_cpp_and_the_engine_s_loading_does_not():
     """The reason the engine turns repacking off, on this CPU: llama-cpp-python's defaults
     segfault on an evaluation of more than one token; the engine's loading runs it."""
-    from tokenflip.engines.llama_cpp_gguf import build_flags, gguf_path
+    from tokenflip.run.engines.llama_cpp_gguf import build_flags, gguf_path
 
     path = str(gguf_path(SMOLLM2))
     with pytest.raises(EngineCrash, match=r"killed by signal SIGSEGV .*engine build: llama-cpp-python 0\.3\.36, .*AMX"):
@@ -134,12 +132,12 @@ def test_on_an_amx_cpu_repacked_weights_crash_llama_cpp_and_the_engine_s_loading
 def test_llama_cpp_s_server_is_started_without_weight_repacking():
     """`tokenflip serve llama.cpp`, `audit` and the tests start llama-cpp-python's server
     through tokenflip's wrapper, which turns repacking off before any model loads."""
-    from tokenflip.serve import llama_cpp_command
+    from tokenflip.run.engines.local_servers import llama_cpp_command
 
     command = llama_cpp_command("m.gguf", 8000, "m")
-    assert command[:3] == [sys.executable, "-m", "tokenflip.engines.llama_cpp_server"]
+    assert command[:3] == [sys.executable, "-m", "tokenflip.run.engines.llama_cpp_server"]
     probe = ("import llama_cpp.llama_cpp as lib, runpy, sys; sys.argv = ['x', '--help'];"
-             "from tokenflip.engines import llama_cpp_server as s; s.disable_weight_repack();"
+             "from tokenflip.run.engines import llama_cpp_server as s; s.disable_weight_repack();"
              "print(lib.llama_model_default_params().use_extra_bufts)")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

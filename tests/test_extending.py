@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from conftest import REPO, tiny_study
-from tokenflip import config as cfg
-from tokenflip.benchmarks import BENCHMARKS
-from tokenflip.cell import run_cell
-from tokenflip.interventions import INTERVENTIONS
-from tokenflip.layout import RunLayout
-from tokenflip.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
-from tokenflip.probes import PROBES
-from tokenflip.summary import summary_tables, write_summaries
+from tokenflip.analysis.summary import summary_tables, write_summaries
+from tokenflip.core.layout import RunLayout
+from tokenflip.run.benchmarks import BENCHMARKS
+from tokenflip.run.cell import run_cell
+from tokenflip.run.interventions import INTERVENTIONS
+from tokenflip.run.probes import PROBES
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
 
 
 def extending_examples() -> dict[str, str]:
@@ -104,7 +104,7 @@ def test_the_documented_extensions_run_like_the_built_in_ones(extensions, prepar
     assert set(steps["precision"]) == {"fp32", "bf16"} and steps["prompt_id"].nunique() == 2
     assert (steps["entropy"] >= 0).all()
 
-    from tokenflip.compare import compare_files
+    from tokenflip.analysis.compare import compare_files
 
     (pair,) = expand_pairs(config, cells)
     compare_files(pair, layout.cell(pair.a.id), layout.cell(pair.b.id), layout.pair(pair.id))

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from junitparser import JUnitXml
 
-from tokenflip.verdict import with_verdicts
+from tokenflip.analysis.verdict import with_verdicts
 
 
 def _row(label, n_diverged, n=64, acc_a=0.5, acc_b=0.5, mcnemar_p=1.0, axis="concurrency", status="done"):
-    from tokenflip.stats import wilson
+    from tokenflip.analysis.statistics import wilson
 
     lo, hi = wilson(n_diverged, n)
     return {"pair_id": f"m/b/{axis}/{label}/ctx", "label": f"{axis}: {label}", "axis": axis, "context": "ctx",
@@ -81,7 +81,7 @@ def test_the_gate_a_study_declares_travels_with_its_summary(tmp_path):
     `tokenflip gate RUN` applies it where no bound is given; a bound given replaces it."""
     import pyarrow as pa
 
-    from tokenflip import storage
+    from tokenflip.core import storage
 
     rows = with_verdicts([_row("loud", 20), _row("quiet", 0, axis="load"), _row("big", 20, axis="order")])
     (tmp_path / "summary").mkdir()

@@ -113,8 +113,8 @@ def test_the_record_check_sees_one_changed_bit(prepared_models):
     import numpy as np
     import torch
 
-    from tokenflip.decode import decode, greedy, left_pad
-    from tokenflip.models import load_prepared
+    from tokenflip.models.prepare import load_prepared
+    from tokenflip.run.decode import decode, greedy, left_pad
 
     model, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
     ids, mask = left_pad([[5, 17, 230, 41], [12, 8]], tokenizer.pad_token_id)

@@ -33,7 +33,7 @@ def _offline_env(tmp_path) -> dict:
 
 
 def _hub_problems(tmp_path, env, models_dir="absent") -> list[str]:
-    code = ("import json, sys; from tokenflip.hub_check import hub_problems; "
+    code = ("import json, sys; from tokenflip.models.hub import hub_problems; "
             "print(json.dumps(hub_problems(json.loads(sys.argv[1]), sys.argv[2])))")
     config = {"models": {"hubmodel": {"source": "hf", "id": GATED, "revision": "main"}}}
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(config), str(tmp_path / models_dir)], env=env,
@@ -107,7 +107,7 @@ LONG_ID = "a" * 10_000
     ("org/mödel", "alphanumeric chars"),
 ])
 def test_an_id_the_hub_cannot_have_is_refused_naming_the_key_and_the_value(model_id, rule):
-    from tokenflip import config as cfg
+    from tokenflip.study import config as cfg
 
     study = tiny_study()
     study["models"] = {"hubmodel": {"source": "hf", "id": model_id}}
@@ -123,7 +123,7 @@ def test_an_id_the_hub_cannot_have_is_refused_naming_the_key_and_the_value(model
 
 @pytest.mark.parametrize("model_id", ["meta-llama/Llama-2-7b-hf", "gpt2", "Qwen/Qwen2.5-0.5B-Instruct", "local-dir"])
 def test_hub_ids_and_local_directories_are_accepted(tmp_path, model_id):
-    from tokenflip import config as cfg
+    from tokenflip.study import config as cfg
 
     (tmp_path / "local-dir" / "x").mkdir(parents=True)
     if model_id == "local-dir":
@@ -135,7 +135,7 @@ def test_hub_ids_and_local_directories_are_accepted(tmp_path, model_id):
 
 
 def test_a_long_id_is_one_line_from_plan_and_no_crash_in_the_pre_run_check(tmp_path):
-    from tokenflip.hub_check import is_local_dir
+    from tokenflip.models.hub import is_local_dir
 
     study = tiny_study()
     study["models"] = {"hubmodel": {"source": "hf", "id": LONG_ID}}
@@ -149,7 +149,7 @@ def test_a_long_id_is_one_line_from_plan_and_no_crash_in_the_pre_run_check(tmp_p
     # about a name no file can have.
     assert not is_local_dir(LONG_ID) and not is_local_dir("a\0b") and is_local_dir(str(tmp_path))
     env = _offline_env(tmp_path)
-    code = ("import json, sys; from tokenflip.hub_check import hub_problems; "
+    code = ("import json, sys; from tokenflip.models.hub import hub_problems; "
             "print(json.dumps(hub_problems(json.loads(sys.argv[1]), sys.argv[2])))")
     config = {"models": {"hubmodel": {"source": "hf", "id": LONG_ID}}}
     check = subprocess.run([sys.executable, "-c", code, json.dumps(config), str(tmp_path / "absent")], env=env,
@@ -159,7 +159,7 @@ def test_a_long_id_is_one_line_from_plan_and_no_crash_in_the_pre_run_check(tmp_p
 
 
 def test_a_benchmark_whose_hub_dataset_id_the_hub_cannot_have_is_refused():
-    from tokenflip.benchmarks import BenchmarkError, build_benchmark
+    from tokenflip.run.benchmarks import BenchmarkError, build_benchmark
 
     with pytest.raises(BenchmarkError, match=r"source\.hub: '\.\./\.\./x' is not an id the Hugging Face hub can have"):
         build_benchmark("g", {"kind": "gsm8k", "n": 2, "source": {"hub": "../../x", "split": "test"}})

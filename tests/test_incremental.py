@@ -11,9 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from test_workflow import scheduled_jobs
 
 from conftest import REPO, run_snakemake, tiny_study, write_yaml
-from test_workflow import scheduled_jobs
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import copy_run
-from tokenflip import provenance, storage
-from tokenflip.cpu_flags import KERNEL_FLAGS
+from tokenflip.core import provenance, storage
+from tokenflip.core.cpu_flags import KERNEL_FLAGS
 
 
 def tokenflip(*args, cwd=None):
@@ -96,7 +96,7 @@ def test_results_get_the_mode_the_umask_gives(tmp_path, umask):
 
 
 def test_a_prepared_model_gets_the_mode_the_umask_gives(tmp_path):
-    from tokenflip.models import prepare
+    from tokenflip.models.prepare import prepare
 
     previous = os.umask(0o002)
     try:
@@ -168,7 +168,7 @@ def test_diff_runs_says_when_two_runs_kernels_could_differ(finished_tiny_study, 
 ])
 def test_names_that_no_file_can_carry_are_refused_at_validation(where, value, message):
     from conftest import tiny_study
-    from tokenflip import config as cfg
+    from tokenflip.study import config as cfg
 
     study = tiny_study()
     if where == "run":
@@ -190,8 +190,8 @@ def test_names_that_no_file_can_carry_are_refused_at_validation(where, value, me
 def test_the_longest_names_allowed_fit_every_file_name_the_layout_builds():
     """Names at their limits and every further axis away from its default: each component of
     every path (with the temporary file's affixes) stays within 255 bytes."""
-    from tokenflip.jobs import Cell, Pair
-    from tokenflip.layout import RunLayout
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.core.specs import Cell, Pair
 
     model, bench, label = "m" * 64, "b" * 64, "l" * 40
     cell = Cell(model, bench, "fp16", "off", 1024, label, label, attention="flash_attention_2", threads="1024",
@@ -223,7 +223,7 @@ def test_the_longest_names_allowed_fit_every_file_name_the_layout_builds():
 ])
 def test_settings_that_cannot_run_are_refused_at_validation(edit, message):
     from conftest import tiny_study
-    from tokenflip import config as cfg
+    from tokenflip.study import config as cfg
 
     study = tiny_study()
     edit(study)
@@ -254,8 +254,9 @@ def test_an_edited_data_file_reruns_its_cells_or_is_refused(tmp_path):
     """A local GSM8K file read by a finished study is edited (one gold answer changes): the
     dry run schedules its prompt check and its cells again, and a summary made without
     rerunning refuses the old cells, naming the file."""
-    from conftest import run_snakemake, tiny_study, write_yaml
     from test_workflow import scheduled_jobs
+
+    from conftest import run_snakemake, tiny_study, write_yaml
 
     lines = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl").read_text(
         encoding="utf-8").splitlines()

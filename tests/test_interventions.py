@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from tokenflip.benchmarks import build_benchmark
-from tokenflip.runtime import eos_ids, prompt_token_ids
-from tokenflip.decode import decode, left_pad
-from tokenflip.interventions import GatedFP32Head, InterventionHead, apply_to_model
-from tokenflip.models import load_prepared
+from tokenflip.models.prepare import load_prepared
+from tokenflip.run.benchmarks import build_benchmark
+from tokenflip.run.decode import decode, left_pad
+from tokenflip.run.interventions import GatedFP32Head, InterventionHead, apply_to_model
+from tokenflip.run.runtime import eos_ids, prompt_token_ids
 
 
 def _head(dtype=torch.bfloat16, vocab=50, hidden=16, seed=0):
@@ -130,7 +130,7 @@ def test_round_to_fp8_by_hand():
     2⁻⁸ (2⁻⁹ would put it at 512); 1 and 0.5 become 256 and 128, exact; 0.3 becomes 76.8,
     whose nearest E4M3 value is 80 (steps of 8 between 64 and 128), so it comes back as
     80/256. Row [-2, 0, 1] scales by 2⁻⁷ to -256, 0, 128: exact."""
-    from tokenflip.transforms import round_to_fp8
+    from tokenflip.run.model_edits import round_to_fp8
 
     w = torch.tensor([[1.0, 0.5, 0.3], [-2.0, 0.0, 1.0]])
     out = round_to_fp8(w, "e4m3")
@@ -141,7 +141,7 @@ def test_round_to_fp8_by_hand():
 def test_fp8_codes_are_the_same_in_bf16_and_fp16_cells():
     """The same weights held in bf16 and in fp16 round to the same FP8 values, exactly
     representable in both: the two cells then differ in arithmetic only."""
-    from tokenflip.transforms import round_to_fp8
+    from tokenflip.run.model_edits import round_to_fp8
 
     torch.manual_seed(0)
     w = (torch.randn(64, 256) * 0.05).to(torch.bfloat16)
@@ -151,7 +151,7 @@ def test_fp8_codes_are_the_same_in_bf16_and_fp16_cells():
 
 
 def test_fp8_weights_round_the_body_or_everything_and_keep_a_tied_embedding(prepared_models):
-    from tokenflip.transforms import round_to_fp8
+    from tokenflip.run.model_edits import round_to_fp8
 
     base, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
     body, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
@@ -181,7 +181,7 @@ def test_fp32_scope_hands_the_head_an_unrounded_fp32_hidden_state(prepared_model
     decode(model, ids, mask, **kw)
     assert all(h.dtype == torch.float32 for h in seen)
     assert any(not torch.equal(h, h.to(torch.bfloat16).float()) for h in seen)
-    from tokenflip.decode import _new_cache
+    from tokenflip.run.decode import _new_cache
     cache = _new_cache(model)
     model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
     assert cache.layers[-1].keys.dtype == torch.float32 and cache.layers[0].keys.dtype == torch.bfloat16
@@ -225,8 +225,8 @@ def test_consensus_decodes_the_same_tokens_whatever_the_cell_precision(prepared_
 
 
 def test_compose_applies_each_step_in_order(prepared_models):
-    from tokenflip.interventions import weights_precision
-    from tokenflip.transforms import round_to_fp8
+    from tokenflip.run.interventions import weights_precision
+    from tokenflip.run.model_edits import round_to_fp8
 
     model, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
     head = model.get_output_embeddings().weight.detach().clone()
@@ -245,11 +245,11 @@ def test_consensus_cells_of_two_precisions_agree_exactly_end_to_end(prepared_mod
     """From the config through run_cell and compare: the bf16 and fp16 cells with consensus
     decoding form a pair with no divergence; without it, the same pair diverges."""
     from conftest import tiny_study
-    from tokenflip import config as cfg
-    from tokenflip.cell import run_cell
-    from tokenflip.compare import compare_files
-    from tokenflip.layout import RunLayout
-    from tokenflip.plan import cell_job, expand_cells, expand_pairs
+    from tokenflip.analysis.compare import compare_files
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.run.cell import run_cell
+    from tokenflip.study import config as cfg
+    from tokenflip.study.plan import cell_job, expand_cells, expand_pairs
 
     study = tiny_study()
     study.update(benchmarks={"a": {"kind": "arithmetic", "n": 6, "max_new_tokens": 16}},
@@ -300,7 +300,7 @@ def test_fp32_matmul_multiplies_in_fp32_and_rounds_back(prepared_models):
 ])
 def test_a_composition_that_cannot_mean_what_it_says_is_refused_before_any_job(steps, needle):
     from conftest import tiny_study
-    from tokenflip import config as cfg
+    from tokenflip.study import config as cfg
 
     study = tiny_study()
     study["interventions"] = {"none": {"kind": "none"}, "both": {"kind": "compose", "of": steps}}
@@ -334,7 +334,7 @@ def test_mixture_of_experts_weights_are_covered_or_refused(prepared_models):
     """OLMoE keeps its experts as bare parameters: fp8_weights rounds them too, and
     fp32_matmul, which covers linear layers only, refuses the model instead of running part
     of its products in 16 bit."""
-    from tokenflip.transforms import round_to_fp8
+    from tokenflip.run.model_edits import round_to_fp8
 
     base, _, _ = load_prepared(prepared_models("olmoe"), "bf16", "cpu")
     model, _, _ = load_prepared(prepared_models("olmoe"), "bf16", "cpu")

@@ -14,9 +14,9 @@ import importlib.metadata
 import numpy as np
 import pytest
 
-from tokenflip.config import ConfigError, validate
-from tokenflip.cpu_flags import kernel_flags
-from tokenflip.engines import LLAMA_CPP, LLAMA_CPP_PACKAGE, unavailable
+from tokenflip.core.cpu_flags import kernel_flags
+from tokenflip.run.engines import LLAMA_CPP, LLAMA_CPP_PACKAGE, unavailable
+from tokenflip.study.config import ConfigError, validate
 
 pytestmark = pytest.mark.skipif(unavailable("llama.cpp") is not None, reason="llama-cpp-python is not installed")
 
@@ -26,7 +26,7 @@ BENCH = {"kind": "onestep", "n": 2, "seed": 0, "shots": 1, "max_new_tokens": STE
 
 
 def _job(precision: str, cache: str, **bench):
-    from tokenflip.plan import Cell, cell_job
+    from tokenflip.study.plan import Cell, cell_job
 
     config = validate({"run": "engines", "models": {"smollm2": SMOLLM2}, "benchmarks": {"steps": {**BENCH, **bench}},
                        "generation": {"record_top_k": 8, "device": "cpu", "threads": 1},
@@ -38,8 +38,8 @@ def _job(precision: str, cache: str, **bench):
 @pytest.fixture(scope="module")
 def cells(prepared_models, tmp_path_factory):
     """The llama.cpp cells fp32 and fp16 × cache on and off, made by `run_cell`."""
-    from tokenflip import storage
-    from tokenflip.cell import run_cell
+    from tokenflip.core import storage
+    from tokenflip.run.cell import run_cell
 
     root = tmp_path_factory.mktemp("llama-cpp-cells")
     out = {}
@@ -56,7 +56,7 @@ def _llama_cpp_generate(prompt: list[int], precision: str, steps: int, cache: bo
     without weight repacking): tokens and the top logit of each step."""
     import llama_cpp
 
-    from tokenflip.engines.llama_cpp_gguf import KV_CACHE_TYPES, gguf_path, load
+    from tokenflip.run.engines.llama_cpp_gguf import KV_CACHE_TYPES, gguf_path, load
 
     kv = getattr(llama_cpp, f"GGML_TYPE_{KV_CACHE_TYPES[precision]}")
     n_ctx = len(prompt) + steps
@@ -89,7 +89,7 @@ def _llama_cpp_generate_each(prompts: list[list[int]], precision: str, steps: in
 def _reference(prompts, precision: str, steps: int, cache: bool):
     """The reference generation of each prompt, out of this process as every engine run of
     the suite is."""
-    from tokenflip.engines.worker import isolated
+    from tokenflip.run.engines.worker import isolated
 
     return isolated(_llama_cpp_generate_each, ([list(p) for p in prompts], precision, steps, cache),
                     what="llama-cpp-python's own generation")
@@ -99,7 +99,7 @@ def _reference(prompts, precision: str, steps: int, cache: bool):
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("cache", ["on", "off"])
 def test_a_llama_cpp_cell_is_what_llama_cpp_generates(cells, prepared_models, precision, cache):
-    from tokenflip import storage
+    from tokenflip.core import storage
 
     table, meta = cells[precision, cache]
     assert table.schema.equals(storage.cell_schema(8), check_metadata=False)
@@ -118,7 +118,7 @@ def test_a_llama_cpp_cell_is_what_llama_cpp_generates(cells, prepared_models, pr
 
 @pytest.mark.slow
 def test_a_llama_cpp_cell_records_the_engine_and_the_gguf(cells, prepared_models):
-    from tokenflip.models import read_manifest
+    from tokenflip.models.prepare import read_manifest
 
     _, meta = cells["fp16", "on"]
     engine = meta["engine"]
@@ -153,9 +153,10 @@ def test_cache_off_shares_the_first_step_and_then_takes_another_path(cells):
 
 @pytest.mark.slow
 def test_both_engines_read_the_same_prompt_ids(cells, prepared_models, tmp_path):
-    from tokenflip import compare, storage
-    from tokenflip.cell import run_cell
-    from tokenflip.plan import Cell, cell_job
+    from tokenflip.analysis import compare
+    from tokenflip.core import storage
+    from tokenflip.run.cell import run_cell
+    from tokenflip.study.plan import Cell, cell_job
 
     job = _job("fp32", "on")
     config = validate({"run": "engines", "models": {"smollm2": SMOLLM2}, "benchmarks": {"steps": BENCH},
@@ -239,7 +240,7 @@ def test_an_uninstalled_llama_cpp_is_refused_naming_the_package(monkeypatch):
 
 
 def test_the_engine_axis_renames_nothing_at_its_default_and_pairs_like_any_axis():
-    from tokenflip.plan import expand_cells, expand_pairs
+    from tokenflip.study.plan import expand_cells, expand_pairs
 
     config = validate({"run": "engines", "models": {"smollm2": SMOLLM2}, "benchmarks": {"steps": BENCH},
                        "grids": [{"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1],
@@ -262,7 +263,6 @@ def test_the_engine_axis_renames_nothing_at_its_default_and_pairs_like_any_axis(
 def test_a_study_pairs_the_engines_and_llama_cpp_with_itself(tmp_path):
     import pyarrow.parquet as pq
     import yaml
-
     from test_workflow import snakemake
 
     cfg = {"run": "engines", "models": {"smollm2": SMOLLM2},
@@ -300,7 +300,7 @@ def _meta(cell: dict, **fields) -> dict:
 
 
 def test_an_engine_pair_may_run_on_two_devices_and_a_threads_pair_on_two_thread_counts():
-    from tokenflip.compare import ComparabilityError, check_comparable
+    from tokenflip.analysis.compare import ComparabilityError, check_comparable
 
     hf = {"model": "m", "benchmark": "b", "engine": "transformers"}
     cpp = {**hf, "engine": "llama.cpp"}
@@ -317,7 +317,7 @@ def test_an_engine_pair_may_run_on_two_devices_and_a_threads_pair_on_two_thread_
 def test_an_axis_llama_cpp_is_not_declared_to_honour_is_refused(monkeypatch):
     """Every axis is refused at a value other than its default unless the engine's allow list
     names it: an axis added later cannot slip through to a llama.cpp cell that ignores it."""
-    from tokenflip import engines
+    from tokenflip.run import engines
 
     llama_cpp = engines.engine(LLAMA_CPP)
     monkeypatch.setattr(llama_cpp, "honours", tuple(a for a in llama_cpp.honours if a != "threads"))

@@ -17,7 +17,7 @@ def test_a_built_wheel_validates_a_config_outside_the_checkout(tmp_path):
                     "-w", str(wheels)], check=True, capture_output=True, timeout=300)
     (wheel,) = wheels.glob("tokenflip-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"tokenflip/schemas/config.schema.yaml", "tokenflip/templates/report.html.j2"} <= names
+    assert {"tokenflip/study/schemas/config.schema.yaml", "tokenflip/report/templates/report.html.j2"} <= names
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)

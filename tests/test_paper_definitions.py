@@ -9,7 +9,7 @@ def test_sigma_z_is_the_per_logit_rms_over_the_whole_vocabulary():
     per-logit RMS is 0.1 / √4 = 0.05 (the largest |Δ| would be 0.1)."""
     import torch
 
-    from tokenflip.probes.replay import Replay, step_differences
+    from tokenflip.run.probes.replay import Replay, step_differences
 
     a = Replay(tokens=[1], logits=torch.tensor([[4.0, 3.0, 2.0, 1.0]]), layer_outputs=torch.zeros(1, 1, 2))
     b = Replay(tokens=[1], logits=torch.tensor([[4.0, 3.1, 2.0, 1.0]]), layer_outputs=torch.zeros(1, 1, 2))
@@ -25,8 +25,8 @@ def test_table4_splits_the_baseline_diverged_prompts_by_trigger_and_reconciliati
     agreed at baseline (not counted)."""
     import pandas as pd
 
-    from tokenflip.jobs import Cell, Pair
-    from tokenflip.intervention_table import _table4
+    from tokenflip.analysis.interventions import _table4
+    from tokenflip.core.specs import Cell, Pair
 
     joined = pd.DataFrame({"agree_base": [False, False, False, True], "agree_int": [True, False, False, True]},
                           index=["p0", "p1", "p2", "p3"])
@@ -40,8 +40,8 @@ def test_table4_splits_the_baseline_diverged_prompts_by_trigger_and_reconciliati
 def test_triggered_prompts_come_from_the_per_step_flags():
     import numpy as np
 
-    from tokenflip import storage
-    from tokenflip.summary import triggered_prompts
+    from tokenflip.analysis.summary import triggered_prompts
+    from tokenflip.core import storage
 
     records = []
     for i, flags in enumerate([[False, True], [False, False], [True]]):
@@ -86,7 +86,7 @@ def test_orders_of_magnitude_compare_kl_with_kl():
 def test_the_paper_table_puts_each_headline_beside_ours_or_says_it_is_missing():
     import pandas as pd
 
-    from tokenflip.paper import Study, Tables, comparison_rows
+    from tokenflip.report.paper import Study, Tables, comparison_rows
 
     pairs = pd.DataFrame([{"status": "done", "axis": "cache", "a": "on", "b": "off", "precision": "fp16",
                            "decoding": "greedy", "intervention": "none", "batch_size": 1.0, "model": "m",
@@ -113,7 +113,7 @@ def test_the_directional_perturbation_decides_the_flip():
     perturbation 1.1 exceeds 1, and b's argmax is j."""
     import torch
 
-    from tokenflip.probes.replay import Replay, step_differences
+    from tokenflip.run.probes.replay import Replay, step_differences
 
     none = dict(layer_outputs=torch.zeros(2, 1, 2), embedding=torch.zeros(2, 2), normed=torch.zeros(2, 2))
     a = Replay(tokens=[0, 0], logits=torch.tensor([[4.0, 3.0, 0.0], [4.0, 3.0, 0.0]]), **none)
@@ -130,7 +130,7 @@ def test_the_paper_table_reads_the_mechanism_probes_by_the_papers_definitions():
     counts in the direction the state went, KL recovered is the median per patch."""
     import pandas as pd
 
-    from tokenflip.paper import Study, Tables, comparison_rows
+    from tokenflip.report.paper import Study, Tables, comparison_rows
 
     steps = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "flip": [True, False], "sigma_z": [3.0, 1.0],
                           "sigma_z_head": [3.0, 0.0], "sigma_z_body": [0.0, 1.0], "margin_a": [0.1, 2.0],
@@ -164,7 +164,7 @@ def test_the_paper_table_reads_the_mechanism_probes_by_the_papers_definitions():
 
 
 def test_only_the_gated_head_alone_counts_as_the_papers_c():
-    from tokenflip.paper import gated_c_labels
+    from tokenflip.report.paper import gated_c_labels
 
     config = {"interventions": {"none": {"kind": "none"}, "C": {"kind": "fp32_head", "tau": 1e-3, "gated": True},
                                 "C_head": {"kind": "fp32_head", "gated": True, "scope": "head"},
@@ -182,7 +182,7 @@ def test_the_body_projection_row_compares_diverged_and_agreed_traced_steps_by_ha
     step the probe did not trace (step 9 of p1, a large projection) is not in it."""
     import pandas as pd
 
-    from tokenflip.paper import Study, Tables, comparison_rows
+    from tokenflip.report.paper import Study, Tables, comparison_rows
 
     ids = ["p1", "p2", "p3", "q1", "q2", "q3"]
     steps = pd.DataFrame({"model": "m", "a": "bf16", "b": "fp16", "prompt_id": ids + ["p1"], "step": [4] * 6 + [9],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tokenflip.paper import ROWS, Study, Tables, comparison_rows
+from tokenflip.report.paper import ROWS, Study, Tables, comparison_rows
 
 TINY, LLAMA3, QWEN7 = "tinyllama-1.1b-chat", "llama3.2-3b-instruct", "qwen2.5-7b-instruct"
 STUDY = Study(identity={TINY: "TinyLlama/TinyLlama-1.1B-Chat-v1.0", LLAMA3: "meta-llama/Llama-3.2-3B-Instruct",

@@ -7,12 +7,11 @@ import json
 
 import pytest
 
-from tokenflip import config as cfg
-from tokenflip.jobs import CellJob
-from tokenflip.layout import RunLayout
-from tokenflip.plan import Cell, Pair, cell_job, expand_cells, expand_pairs
-
 from conftest import REPO
+from tokenflip.core.layout import RunLayout
+from tokenflip.core.specs import CellJob
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import Cell, Pair, cell_job, expand_cells, expand_pairs
 
 BASE = {
     "run": "t",
@@ -322,7 +321,7 @@ def test_a_probe_can_be_restricted_to_some_models_and_benchmarks():
     c["benchmarks"]["other"] = {"kind": "arithmetic", "n": 2}
     c["probes"] = {"kv_cache": {"prompts": 1, "benchmarks": ["other"]},
                    "precision": {"prompts": 1, "models": ["m2"]}}
-    from tokenflip.plan import probe_job, probe_targets
+    from tokenflip.study.plan import probe_job, probe_targets
 
     targets = probe_targets(cfg.validate(c))
     assert targets == [("kv_cache", "m1", "other"), ("kv_cache", "m2", "other"),
@@ -334,7 +333,7 @@ def test_a_probe_can_be_restricted_to_some_models_and_benchmarks():
 
 
 def test_the_schema_names_every_tiny_architecture():
-    from tokenflip.models import TINY_ARCHITECTURES
+    from tokenflip.models.prepare import TINY_ARCHITECTURES
 
     source = cfg.schema()["properties"]["models"]["additionalProperties"]
     assert "olmoe" in json.dumps(source) and all(f'"{arch}"' in json.dumps(source) for arch in TINY_ARCHITECTURES)
@@ -345,7 +344,7 @@ def test_the_paper_configs_probe_the_models_the_papers_traced_from_their_diverge
     benchmarks its traceback replicates on; each probe job chooses its prompts from the
     plain BF16-vs-FP16 pair of its model and benchmark. The KV-cache paper's probe explains
     cache on vs off at FP16 and FP32."""
-    from tokenflip.plan import probe_job, probe_targets
+    from tokenflip.study.plan import probe_job, probe_targets
 
     c = cfg.load(REPO / "config" / "paper-precision.yaml")
     targets = probe_targets(c)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tokenflip.models import PRECISIONS, build_model, load_prepared, prepare, read_manifest, weights_record
+from tokenflip.models.prepare import PRECISIONS, build_model, load_prepared, prepare, read_manifest, weights_record
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +79,12 @@ def test_gguf_and_random_models_are_stored_in_fp32(prepared_models):
 
 def test_the_cell_records_how_it_loaded_the_weights(bf16_checkpoint, prepared_bf16, tmp_path):
     from conftest import tiny_study
-    from tokenflip import config as cfg
-    from tokenflip.cell import run_cell
-    from tokenflip.compare import compare_files
-    from tokenflip.jobs import Pair
-    from tokenflip.layout import RunLayout
-    from tokenflip.plan import cell_job, expand_cells
+    from tokenflip.analysis.compare import compare_files
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.core.specs import Pair
+    from tokenflip.run.cell import run_cell
+    from tokenflip.study import config as cfg
+    from tokenflip.study.plan import cell_job, expand_cells
 
     study = tiny_study()
     study.update(models={"ckpt": {"source": "hf", "id": str(bf16_checkpoint)}},

@@ -24,21 +24,21 @@ def _items(n: int) -> list[SimpleNamespace]:
     (3, set(range(8)), [("p0", "diverged"), ("p1", "diverged"), ("p2", "diverged")]),
 ])
 def test_half_diverged_half_agreed_the_other_group_filling_in(n, diverged, expected):
-    from tokenflip.probes.base import choose_prompts
+    from tokenflip.run.probes.base import choose_prompts
 
     agreement = {f"p{i}": i not in diverged for i in range(8)}
     assert [(item.id, why) for item, why in choose_prompts(_items(8), n, agreement)] == expected
 
 
 def test_without_pair_results_the_first_prompts():
-    from tokenflip.probes.base import choose_prompts
+    from tokenflip.run.probes.base import choose_prompts
 
     assert [(i.id, why) for i, why in choose_prompts(_items(8), 3, None)] == [("p0", "first"), ("p1", "first"),
                                                                            ("p2", "first")]
 
 
 def _config(**probes):
-    from tokenflip import config as cfg
+    from tokenflip.study import config as cfg
 
     return cfg.validate({
         "run": "sel", "models": {"m": {"source": "random", "architecture": "llama", "seed": 0}},
@@ -57,7 +57,7 @@ def test_a_probe_explains_the_plain_pairs_of_its_own_comparison():
     """Of the BF16-vs-FP16 pairs (cache on and off, batch sizes 1 and 4, with C, a repeat),
     the precision probe (cache on, batch size 1, no intervention) explains one; the
     KV-cache probe at FP16 the FP16 cache pair at batch size 1; `select: first` none."""
-    from tokenflip.plan import probe_job
+    from tokenflip.study.plan import probe_job
 
     config = _config(precision={"prompts": 2, "pairs": [["fp16", "bf16"]]}, kv_cache={"prompts": 2,
                                                                                       "precisions": ["fp16"]})
@@ -72,9 +72,10 @@ def test_the_precision_probe_traces_the_flips_of_the_prompts_that_diverged(tmp_p
     (2 prompts) takes the first diverged one and the first agreed one, and finds the flip of
     the diverged one at exactly the step where the pair's outputs part: the probe replays
     the computation the cells ran. The first two prompts alone would hold no flip here."""
-    from tokenflip import cli, storage
-    from tokenflip.layout import RunLayout
-    from tokenflip.plan import cell_job, expand_cells, expand_pairs, probe_job
+    from tokenflip.cli import main as cli
+    from tokenflip.core import storage
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.study.plan import cell_job, expand_cells, expand_pairs, probe_job
 
     config = _config(precision={"prompts": 2, "pairs": [["bf16", "fp16"]], "flips": 1})
     config["grids"] = config["grids"][:1]
@@ -106,10 +107,11 @@ def test_the_precision_probe_traces_the_flips_of_the_prompts_that_diverged(tmp_p
 
 
 def test_a_pair_file_the_job_does_not_explain_is_refused(tmp_path):
-    from tokenflip import storage
-    from tokenflip.jobs import ProbeJob
-    from tokenflip.probes.base import pair_agreement
     import pyarrow as pa
+
+    from tokenflip.core import storage
+    from tokenflip.core.specs import ProbeJob
+    from tokenflip.run.probes.base import pair_agreement
 
     path = tmp_path / "pair.parquet"
     storage.write_table(pa.table({"prompt_id": ["p0"], "identical": [True]}), path,

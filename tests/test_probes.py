@@ -7,12 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from tokenflip.benchmarks import build_benchmark
-from tokenflip.runtime import eos_ids, prompt_token_ids
-from tokenflip.models import load_prepared
-from tokenflip.probes.kv_cache import patch_steps, probe_prompt
-from tokenflip.probes.replay import kl_divergence
-from tokenflip.probes.replay import replay
+from tokenflip.models.prepare import load_prepared
+from tokenflip.run.benchmarks import build_benchmark
+from tokenflip.run.probes.kv_cache import patch_steps, probe_prompt
+from tokenflip.run.probes.replay import kl_divergence, replay
+from tokenflip.run.runtime import eos_ids, prompt_token_ids
 
 
 def _probe(prepared_models, arch, precision, steps=20, patches=2):
@@ -64,7 +63,7 @@ def test_cache_off_keys_and_values_past_a_sliding_window(prepared_models):
     """Gemma-2's tiny model slides a 16-position window on layer 0: past it, cache-off's keys
     and values cut before the current position still match the cache-on cache position for
     position, so the whole-cache patch makes the step cache-off's."""
-    from tokenflip.probes.replay import cache_before, recomputed_cache, step_once
+    from tokenflip.run.probes.replay import cache_before, recomputed_cache, step_once
 
     model, tokenizer, _ = load_prepared(prepared_models("gemma2"), "bf16", "cpu")
     bench = build_benchmark("a", {"kind": "arithmetic", "n": 1})
@@ -84,7 +83,7 @@ def test_cache_off_keys_and_values_past_a_sliding_window(prepared_models):
 def test_one_step_from_a_cache_is_that_step_of_the_replay(prepared_models):
     """What the probes' patches build on: step t run alone from the cache a cache-on run
     holds before t gives that run's logits and activations bit for bit, at every step."""
-    from tokenflip.probes.replay import cache_before, step_once
+    from tokenflip.run.probes.replay import cache_before, step_once
 
     model, tokenizer, _ = load_prepared(prepared_models("mistral"), "bf16", "cpu")
     bench = build_benchmark("a", {"kind": "arithmetic", "n": 1})
@@ -102,7 +101,7 @@ def test_one_step_from_a_cache_is_that_step_of_the_replay(prepared_models):
 
 
 def test_kl_recovered_share():
-    from tokenflip.probes.kv_cache import kl_recovered
+    from tokenflip.run.probes.kv_cache import kl_recovered
 
     assert kl_recovered(0.25, 1.0) == 0.75
     assert kl_recovered(0.0, 2.0) == 1.0
@@ -137,7 +136,7 @@ def test_kl_and_patch_step_choice():
 
 
 def test_precision_probe_finds_and_explains_flips(prepared_models):
-    from tokenflip.probes.precision import probe_prompt as precision_probe
+    from tokenflip.run.probes.precision import probe_prompt as precision_probe
 
     model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
     model_b, _, _ = load_prepared(prepared_models("llama"), "fp16", "cpu")
@@ -170,7 +169,7 @@ def test_precision_probe_finds_and_explains_flips(prepared_models):
 
 
 def test_precision_probe_of_a_precision_against_itself_is_exactly_zero(prepared_models):
-    from tokenflip.probes.precision import probe_prompt as precision_probe
+    from tokenflip.run.probes.precision import probe_prompt as precision_probe
 
     model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
     model_b, _, _ = load_prepared(prepared_models("llama"), "bf16", "cpu")
@@ -184,7 +183,7 @@ def test_precision_probe_of_a_precision_against_itself_is_exactly_zero(prepared_
 def _last_mlp_in_fp8(model):
     """The model with its last decoder layer's MLP weights rounded to fp8 (e4m3), everything
     else untouched: a precision difference confined to that one layer's MLP."""
-    from tokenflip.probes.replay import decoder_layers
+    from tokenflip.run.probes.replay import decoder_layers
 
     with torch.no_grad():
         for weight in decoder_layers(model)[-1].mlp.parameters():
@@ -197,7 +196,7 @@ def test_grafting_the_last_layer_from_b_fixes_every_flip(prepared_models):
     b's last-layer output grafted into a goes through the same final norm and LM head as in
     b, so a's logits at the flip step become b's bit for bit and the flip is fixed. Grafting
     layer 0 changes nothing (both compute it identically), so it fixes nothing."""
-    from tokenflip.probes.precision import probe_prompt as precision_probe
+    from tokenflip.run.probes.precision import probe_prompt as precision_probe
     
     model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
     model_b = _last_mlp_in_fp8(load_prepared(prepared_models("llama"), "fp32", "cpu")[0])
@@ -245,7 +244,7 @@ def test_grafting_the_last_layer_from_b_fixes_every_flip(prepared_models):
 def test_a_perturbation_confined_to_the_lm_head_is_all_head(prepared_models):
     """b is a (fp32) with an untied copy of its LM head rounded to bf16: the hidden states
     are the same, so the body's part of σz is exactly 0 and the head's is all of σz."""
-    from tokenflip.probes.precision import probe_prompt as precision_probe
+    from tokenflip.run.probes.precision import probe_prompt as precision_probe
 
     model_a, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
     model_b, _, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
@@ -272,7 +271,7 @@ def test_the_head_read_of_the_final_norm_output_is_the_models_own_logits(prepare
     """What the σz split and the lens stand on: the LM head applied to the recorded final-norm
     outputs gives the decode loop's logits bit for bit, Gemma-2's 16-bit soft-capping
     included, so the head's and the body's parts add up to the measured difference."""
-    from tokenflip.probes.replay import head_logits
+    from tokenflip.run.probes.replay import head_logits
 
     model, tokenizer, _ = load_prepared(prepared_models(arch), precision, "cpu")
     bench = build_benchmark("a", {"kind": "arithmetic", "n": 1})

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA, run_snakemake, tiny_study, write_yaml
-from tokenflip.benchmarks import build_benchmark
-from tokenflip.models import load_tokenizer, sha256_file
-from tokenflip.runtime import PromptFormatError, check_prompts, encode_prompt
+from tokenflip.models.prepare import load_tokenizer, sha256_file
+from tokenflip.run.benchmarks import build_benchmark
+from tokenflip.run.runtime import PromptFormatError, check_prompts, encode_prompt
 
 REFUSES_SYSTEM = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
                   "{% endif %}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"

@@ -13,10 +13,10 @@ from html.parser import HTMLParser
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from test_workflow import scheduled_jobs
 
 from conftest import copy_run, run_snakemake, snakemake_command, tiny_study, write_yaml
-from test_workflow import scheduled_jobs
-from tokenflip import storage
+from tokenflip.core import storage
 
 AGGREGATION = {"summarize", "report", "all"}
 

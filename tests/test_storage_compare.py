@@ -9,8 +9,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tokenflip import compare, stats, storage
-from tokenflip.plan import Cell, Pair
+from tokenflip.analysis import compare
+from tokenflip.analysis import statistics as stats
+from tokenflip.core import storage
+from tokenflip.study.plan import Cell, Pair
 
 K = 4
 

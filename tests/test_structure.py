@@ -1,5 +1,6 @@
-"""The package's shape: imports point one way (no cycle, counting the imports inside
-functions too), and modules stay small enough to read."""
+"""The package's shape: it is laid out by stage like the workflow's rules, each stage imports
+only the stages below it (counting the imports inside functions too), no module imports
+itself in a cycle, and modules stay small enough to read."""
 
 from __future__ import annotations
 
@@ -84,9 +85,66 @@ def test_the_walker_finds_a_cycle_through_a_function_level_import(tmp_path):
     assert cycles(import_graph(pkg)) == [["pkg.sub.a", "pkg.sub.b"]]
 
 
+# The stages, lowest first; a module imports only from its own stage and those before it.
+# The study sits above run: validating a config reads the engines', benchmarks', probes'
+# and interventions' registries.
+STAGES = ("core", "models", "run", "study", "analysis", "report", "cli")
+# What may stand at the top level beside the stage packages.
+TOP_LEVEL = {"__init__.py", "__main__.py"}
+
+
+def stage_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a later stage than its own: "a (run) -> b (analysis)"."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        own = stage_of(module)
+        for dep in sorted(deps):
+            theirs = stage_of(dep)
+            if own and theirs and STAGES.index(theirs) > STAGES.index(own):
+                found.append(f"{module} ({own}) -> {dep} ({theirs})")
+    return found
+
+
+def test_the_package_is_laid_out_by_stage():
+    top = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+    assert top == TOP_LEVEL | set(STAGES), top ^ (TOP_LEVEL | set(STAGES))
+    assert len([name for name in top if name.endswith(".py")]) <= 8
+    assert all((PACKAGE / stage / "__init__.py").is_file() for stage in STAGES)
+
+
+def test_each_stage_imports_only_the_stages_below_it():
+    assert upward_imports(import_graph(PACKAGE)) == []
+
+
+def test_the_layer_check_finds_an_upward_import_inside_a_function(tmp_path):
+    pkg = tmp_path / "tokenflip"
+    for stage in ("core", "run", "analysis"):
+        (pkg / stage).mkdir(parents=True)
+        (pkg / stage / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "analysis" / "compare.py").write_text("from tokenflip.core import specs\n")
+    (pkg / "core" / "specs.py").write_text("x = 1\n")
+    (pkg / "run" / "cell.py").write_text("def f():\n    from tokenflip.analysis.compare import specs\n")
+    assert upward_imports(import_graph(pkg)) == ["tokenflip.run.cell (run) -> tokenflip.analysis.compare (analysis)"]
+
+
+def test_the_package_imports_itself_by_absolute_names():
+    """One way to write an import of the package: `from tokenflip.<stage>.<module> import`,
+    so that a module's stage reads in its imports."""
+    relative = [f"{p.relative_to(PACKAGE)}:{node.lineno}" for p in PACKAGE.rglob("*.py")
+                for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                if isinstance(node, ast.ImportFrom) and node.level]
+    assert relative == []
+
+
 def test_the_package_has_no_import_cycle():
     graph = import_graph(PACKAGE)
-    assert "tokenflip.benchmarks.sources" in graph["tokenflip.benchmarks.base"]  # the walker sees the package
+    assert "tokenflip.run.benchmarks.sources" in graph["tokenflip.run.benchmarks.base"]  # the walker sees the package
     assert cycles(graph) == []
 
 
@@ -119,9 +177,9 @@ def test_every_relative_import_names_a_module_of_the_package(tmp_path):
 
 def test_the_sandbox_knows_nothing_about_benchmarks():
     graph = import_graph(PACKAGE)
-    sandbox = [m for m in graph if m.startswith("tokenflip.sandbox")]
-    assert {"tokenflip.sandbox.execution", "tokenflip.sandbox.bwrap"} <= set(sandbox)
-    assert not {d for m in sandbox for d in graph[m] if not d.startswith("tokenflip.sandbox")}
+    sandbox = [m for m in graph if m.startswith("tokenflip.run.sandbox")]
+    assert {"tokenflip.run.sandbox.execution", "tokenflip.run.sandbox.bwrap"} <= set(sandbox)
+    assert not {d for m in sandbox for d in graph[m] if not d.startswith("tokenflip.run.sandbox")}
 
 
 def test_modules_stay_short_or_say_why():

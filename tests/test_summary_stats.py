@@ -10,11 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tokenflip import config as cfg
-from tokenflip import stats
-from tokenflip.plan import expand_cells, expand_pairs
-from tokenflip.intervention_table import _paired_bootstrap, intervention_rows
-
+from tokenflip.analysis import statistics as stats
+from tokenflip.analysis.interventions import _paired_bootstrap, intervention_rows
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import expand_cells, expand_pairs
 
 # --- Wilson and McNemar ---------------------------------------------------------------------
 

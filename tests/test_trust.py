@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_workflow import scheduled_jobs
 
 from conftest import REPO, SHARED_DATA, copy_run, run_snakemake, snakemake_command, tiny_study, write_yaml
-from test_workflow import scheduled_jobs
-from tokenflip import config as cfg
-from tokenflip import storage
-from tokenflip.benchmarks import BenchmarkError, build_benchmark
-from tokenflip.layout import RunLayout
-from tokenflip.plan import expand_cells, expand_pairs
-from tokenflip.probes import PROBES
+from tokenflip.core import storage
+from tokenflip.core.layout import RunLayout
+from tokenflip.run.benchmarks import BenchmarkError, build_benchmark
+from tokenflip.run.probes import PROBES
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import expand_cells, expand_pairs
 
 
 def tokenflip(*args, cwd=None, env=None):
@@ -71,8 +71,8 @@ def test_snakemake_schedules_exactly_the_plan_of_the_given_config(tmp_path, name
 def test_a_job_whose_scheduler_died_stops_and_writes_nothing(tmp_path, prepared_models):
     """The scheduler (here a stand-in process) is killed while `tokenflip generate` runs:
     the job stops within a second or two and leaves no cell behind."""
-    from tokenflip.plan import cell_job
-    from tokenflip.runtime import ORPHANED_EXIT, SCHEDULER_VARIABLE, scheduler_token
+    from tokenflip.core.scheduler import ORPHANED_EXIT, SCHEDULER_VARIABLE, scheduler_token
+    from tokenflip.study.plan import cell_job
 
     config = cfg.validate({**tiny_study(), "benchmarks": {"arith_a": {"kind": "arithmetic", "n": 400,
                                                                         "max_new_tokens": 128}}})

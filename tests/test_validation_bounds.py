@@ -12,11 +12,10 @@ import json
 import pytest
 
 from conftest import SHARED_DATA, tiny_study
-from tokenflip import bounds
-from tokenflip import config as cfg
-from tokenflip.benchmarks import BenchmarkError, build_benchmark
-from tokenflip.benchmarks import sources
-from tokenflip.plan import expand_cells, expand_pairs
+from tokenflip.run.benchmarks import BenchmarkError, build_benchmark, sources
+from tokenflip.study import config as cfg
+from tokenflip.study import limits as bounds
+from tokenflip.study.plan import expand_cells, expand_pairs
 
 
 def _refused(study, *patterns):
@@ -172,7 +171,7 @@ def test_a_random_model_must_be_one_this_machine_can_build(overrides, message):
 def test_a_probes_cache_form_is_refused_where_a_grids_would_be(monkeypatch):
     """int8 needs a quantization backend; whether or not it is installed here, the probe's
     `forms` and a grid's kv_dtype get the same verdict and the same reason."""
-    from tokenflip import caches
+    from tokenflip.run import caches
 
     monkeypatch.setattr(caches, "kv_dtype_unavailable",
                         lambda kv: None if kv == "default" else f"kv_dtype {kv}: no backend here")
@@ -185,7 +184,7 @@ def test_a_probes_cache_form_is_refused_where_a_grids_would_be(monkeypatch):
 
 
 def test_a_probes_cache_form_follows_this_installation():
-    from tokenflip.caches import kv_dtype_unavailable
+    from tokenflip.run.caches import kv_dtype_unavailable
 
     study = tiny_study()
     study["probes"]["kv_cache"]["forms"] = ["kv_dtype=int8"]
@@ -313,8 +312,8 @@ def test_the_shipped_data_passes_every_check():
 def test_the_longest_prompt_and_its_generation_must_fit_the_prepared_models_context(prepared_models):
     """Before any generation job, check-prompts measures the longest prompt with the model's
     tokenizer: with max_new_tokens it must fit the context the prepared config names."""
-    from tokenflip.models import load_tokenizer
-    from tokenflip.runtime import PromptFormatError, check_prompts
+    from tokenflip.models.prepare import load_tokenizer
+    from tokenflip.run.runtime import PromptFormatError, check_prompts
 
     model_dir = prepared_models("llama")
     assert bounds.context_length(model_dir) == 1024
@@ -356,7 +355,7 @@ def test_a_comparison_whose_default_resolves_to_its_other_value_is_refused():
 
 
 def test_vllms_default_requests_in_flight_is_not_a_second_value_of_256():
-    from tokenflip.engines import unavailable
+    from tokenflip.run.engines import unavailable
 
     if unavailable("vllm"):
         pytest.skip(unavailable("vllm"))

@@ -11,8 +11,14 @@ from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_effectsize
 from statsmodels.stats.proportion import test_proportions_2indep as score_test  # not a test of this module
 
-from tokenflip.verdict import (detectable_difference, judge, larger_floor, prompts_for_bound, still_identical,
-                               upper_bound)
+from tokenflip.analysis.verdict import (
+    detectable_difference,
+    judge,
+    larger_floor,
+    prompts_for_bound,
+    still_identical,
+    upper_bound,
+)
 
 
 def test_zero_of_n_is_identical_with_the_exact_upper_bound():
@@ -90,10 +96,9 @@ def test_the_first_divergence_curve_by_hand():
 
 def test_plan_says_what_each_comparisons_prompts_can_show():
     from conftest import tiny_study
-
-    from tokenflip import config as cfg
-    from tokenflip.plan import expand_cells, expand_pairs
-    from tokenflip.plan_power import power_lines
+    from tokenflip.analysis.power import power_lines
+    from tokenflip.study import config as cfg
+    from tokenflip.study.plan import expand_cells, expand_pairs
 
     study = tiny_study()
     study["verdict"] = {"bound": 0.056}
@@ -107,7 +112,7 @@ def test_plan_says_what_each_comparisons_prompts_can_show():
 
 
 def test_each_pair_is_judged_against_the_floor_of_either_run_of_its_cells():
-    from tokenflip.verdict import with_verdicts
+    from tokenflip.analysis.verdict import with_verdicts
 
     def row(axis, a, b, k, n=12):
         return {"axis": axis, "cell_a": a, "cell_b": b, "n_diverged": k, "n_prompts": n, "status": "done"}
@@ -132,11 +137,11 @@ def test_the_curve_pools_a_comparisons_first_runs_only():
     """A setting's second run pairs the same prompts again: the curve of fp32 vs bf16 counts
     the first runs' prompts once, and the repeat comparison keeps its own curve."""
     import pandas as pd
-    from conftest import tiny_study
 
-    from tokenflip import config as cfg
-    from tokenflip.plan import expand_cells, expand_pairs
-    from tokenflip.summary_verdicts import still_identical_rows
+    from conftest import tiny_study
+    from tokenflip.analysis.floors import still_identical_rows
+    from tokenflip.study import config as cfg
+    from tokenflip.study.plan import expand_cells, expand_pairs
 
     study = tiny_study()
     study["grids"] = [{"precision": ["fp32", "bf16"], "cache": ["on"], "batch_size": [1], "repeat": ["default", 2]}]

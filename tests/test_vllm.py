@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tokenflip.config import ConfigError, validate
-from tokenflip.engines import VLLM, unavailable
+from tokenflip.run.engines import VLLM, unavailable
+from tokenflip.study.config import ConfigError, validate
 
 # In CI the environment is built by `make test`: there a missing one is a failure, not a skip.
 pytestmark = pytest.mark.skipif(unavailable(VLLM) is not None and not os.environ.get("CI"),
@@ -76,7 +76,7 @@ ENDPOINT_CELLS = {"served": "fp32-on-bs1-greedy-none-engine=served",
 
 @pytest.fixture(scope="module")
 def server(prepared_models, tmp_path_factory):
-    from tokenflip.serve import Server, free_port, vllm_command, vllm_env
+    from tokenflip.run.engines.local_servers import Server, free_port, vllm_command, vllm_env
 
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
@@ -94,8 +94,7 @@ def study(server, prepared_models, tmp_path_factory):
     import shutil
 
     from conftest import run_snakemake, write_yaml
-
-    from tokenflip import storage
+    from tokenflip.core import storage
 
     root = tmp_path_factory.mktemp("vllm-study")
     config = {**STUDY, "grids": STUDY["grids"] + ENDPOINT_GRIDS,
@@ -146,7 +145,7 @@ if __name__ == "__main__":
 def test_a_vllm_cell_is_llm_generate_called_directly(study, tmp_path):
     """The concurrency-1 cell's tokens and every step's top-k raw logits are bitwise those of
     `LLM.generate` called directly with the engine arguments the cell recorded."""
-    from tokenflip.engines.vllm_offline import python
+    from tokenflip.run.engines.vllm_offline.engine import python
 
     root, cells = study
     table, meta = cells["vllm_one"]
@@ -220,8 +219,8 @@ def test_a_vllm_cell_records_the_engine_its_arguments_and_its_prefix_cache(study
 def test_vllm_ran_every_argument_the_cell_asked_for_and_a_changed_one_is_refused(study):
     """vLLM resolves its arguments for the platform; each cell's recorded arguments are the
     ones its spec asks for, and a cell whose engine ran another value is refused by name."""
-    from tokenflip.engines.vllm_offline import VllmError, check_resolved, engine_args
-    from tokenflip.jobs import Cell
+    from tokenflip.core.specs import Cell
+    from tokenflip.run.engines.vllm_offline.engine import VllmError, check_resolved, engine_args
 
     _, cells = study
     for key in ("vllm", "vllm_one", "vllm_warm"):
@@ -334,8 +333,8 @@ def test_what_vllm_cannot_honour_is_refused_with_the_reason(grid, reason):
 def test_an_fp8_kv_cache_is_refused_on_a_cpu_without_avx512_or_amx():
     """vLLM's CPU attention raises at engine start, after loading the model, without AVX-512
     or AMX: refused before any job on such a CPU, allowed on one with either."""
-    from tokenflip.cpu_flags import cpu_flags
-    from tokenflip.engines.vllm_support import fp8_cache_problem
+    from tokenflip.core.cpu_flags import cpu_flags
+    from tokenflip.run.engines.vllm_offline.support import fp8_cache_problem
 
     assert "only on x86 with AVX-512 or AMX, and this CPU has neither (it has avx, avx2)" in fp8_cache_problem(
         frozenset({"fpu", "avx", "avx2", "fma"}))
@@ -365,8 +364,8 @@ def test_a_model_whose_head_size_vllms_cpu_attention_lacks_is_refused():
 
 
 def test_the_head_sizes_tokenflip_checks_are_the_installed_vllms():
-    from tokenflip.engines.vllm_offline import python
-    from tokenflip.engines.vllm_support import CPU_HEAD_SIZES
+    from tokenflip.run.engines.vllm_offline.engine import python
+    from tokenflip.run.engines.vllm_offline.support import CPU_HEAD_SIZES
 
     script = ("from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as B\n"
               "print(list(B.get_supported_head_sizes()))")
@@ -406,7 +405,7 @@ def test_the_worker_imports_nothing_of_tokenflip():
     """The worker runs in vLLM's environment, where tokenflip's dependencies are not installed."""
     import ast
 
-    from tokenflip.engines.vllm_offline import WORKER
+    from tokenflip.run.engines.vllm_offline.engine import WORKER
 
     tree = ast.parse(Path(WORKER).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
@@ -419,8 +418,8 @@ def test_the_worker_imports_nothing_of_tokenflip():
 
 
 def test_each_axis_sets_the_engine_argument_vllm_documents():
-    from tokenflip.engines.vllm_offline import engine_args, engine_env, sampling_of
-    from tokenflip.jobs import Cell
+    from tokenflip.core.specs import Cell
+    from tokenflip.run.engines.vllm_offline.engine import engine_args, engine_env, sampling_of
 
     plain = Cell("m", "b", "bf16", "on", 1, "greedy", "none", engine="vllm")
     assert engine_args(plain, 300, 8, 0) == {

@@ -15,7 +15,7 @@ def compare_with_generate(model, ids, mask, new_tokens: int, use_cache: bool, eo
     """Our loop and generate() on the same inputs: tokens and every step's fp32 logits, bitwise."""
     import torch
 
-    from tokenflip.decode import decode, greedy
+    from tokenflip.run.decode import decode, greedy
 
     seen: list[torch.Tensor] = []
 
@@ -54,7 +54,7 @@ def record_matches(generations, step_logits) -> bool:
     statistics `step_statistics` computes alone from each step's logits."""
     import numpy as np
 
-    from tokenflip.decode import step_statistics
+    from tokenflip.run.decode import step_statistics
 
     for step, logits in enumerate(step_logits):
         expected = {name: t.cpu().numpy() for name, t in step_statistics(logits, 16).items()}
@@ -70,7 +70,7 @@ def record_matches(generations, step_logits) -> bool:
 
 
 def part_decode_equals_generate(rec: Recorder, args) -> None:
-    from tokenflip.decode import left_pad
+    from tokenflip.run.decode import left_pad
 
     new_tokens = 32 if args.shapes == "real" else 12
     rec.data.update(new_tokens=new_tokens, shapes=args.shapes)

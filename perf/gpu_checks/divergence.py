@@ -14,7 +14,7 @@ def _run_prompt(model, prompt: list[int], new_tokens: int, use_cache: bool):
     """(tokens, per-step fp32 logits) of one greedy run that generates exactly `new_tokens`."""
     import torch
 
-    from tokenflip.decode import decode, greedy
+    from tokenflip.run.decode import decode, greedy
 
     seen: list[torch.Tensor] = []
 

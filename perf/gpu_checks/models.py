@@ -26,7 +26,7 @@ def arch_shape(arch: str, shapes: str, layers: int | None) -> dict[str, Any]:
     if shapes == "real":
         shape = dict(REAL_SHAPES[arch], num_hidden_layers=layers or REAL_LAYERS)
     else:
-        from tokenflip.models import TINY_ARCHITECTURES
+        from tokenflip.models.prepare import TINY_ARCHITECTURES
 
         shape = dict(TINY_ARCHITECTURES[arch], vocab_size=TINY_VOCAB)
         if layers:

@@ -27,7 +27,7 @@ def prepare_pipeline_model(out_dir: Path) -> Path:
     which the GPU machine lacks, so it travels with the wheels."""
     import torch
 
-    from tokenflip.models import build_model
+    from tokenflip.models.prepare import build_model
 
     out_dir = Path(out_dir)
     model, tokenizer = build_model(PIPELINE_MODEL_SPEC)
@@ -80,7 +80,7 @@ def expected_cells(config: dict[str, Any]) -> int:
 def part_pipeline(rec: Recorder, args) -> None:
     import yaml
 
-    from tokenflip.storage import read_metadata
+    from tokenflip.core.storage import read_metadata
 
     model_dir = args.carry / PIPELINE_MODEL_DIR
     work = Path(tempfile.mkdtemp(prefix="tokenflip-gpu-pipeline."))

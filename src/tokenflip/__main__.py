@@ -1,5 +1,5 @@
 import sys
 
-from tokenflip.cli import main
+from tokenflip.cli.main import main
 
 sys.exit(main())

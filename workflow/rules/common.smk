@@ -4,16 +4,16 @@
 # without touching old ones.
 import json
 
-from tokenflip.benchmarks import build_benchmark
-from tokenflip.bounds import longest_generation
-from tokenflip.compare import PER_PROMPT_COLUMNS
-from tokenflip.engines import engine as engine_of
-from tokenflip.axes import AXES, cell_name_pattern
-from tokenflip.jobs import Cell, Pair
-from tokenflip.layout import RunLayout
-from tokenflip.plan import cell_job, expand_cells, expand_pairs, job_priorities, probe_job, probe_targets
-from tokenflip.probes import PROBES
-from tokenflip.summary import summary_tables
+from tokenflip.run.benchmarks import build_benchmark
+from tokenflip.study.limits import longest_generation
+from tokenflip.analysis.compare import PER_PROMPT_COLUMNS
+from tokenflip.run.engines import engine as engine_of
+from tokenflip.core.axes import AXES, cell_name_pattern
+from tokenflip.core.specs import Cell, Pair
+from tokenflip.core.layout import RunLayout
+from tokenflip.study.plan import cell_job, expand_cells, expand_pairs, job_priorities, probe_job, probe_targets
+from tokenflip.run.probes import PROBES
+from tokenflip.analysis.summary import summary_tables
 
 LAYOUT = RunLayout(config["run"])
 CELLS = expand_cells(config)

@@ -5,11 +5,11 @@
 # from the network or the local cache, with its token and revision; else stop, naming the
 # model, the cause and the fix.
 onstart:
-    from tokenflip.hub_check import hub_problems
+    from tokenflip.models.hub import hub_problems
 
     _problems = hub_problems(config, os.path.dirname(LAYOUT.model_dir("_")))
     # Every endpoint with a cell still to make answers, and serves the model it names.
-    from tokenflip.engines.endpoint_server import endpoint_problems
+    from tokenflip.run.engines.endpoint.server import endpoint_problems
 
     _problems += endpoint_problems(config, [c for c in CELLS if not os.path.exists(LAYOUT.cell(c.id))])
     if _problems:

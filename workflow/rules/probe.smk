@@ -1,5 +1,5 @@
 # Mechanism probes: one job per probe × model × benchmark, on a subset of prompts (chosen
-# from the results of the pairs it explains), each writing its tables into its own folder. One rule per registered probe (tokenflip.probes).
+# from the results of the pairs it explains), each writing its tables into its own folder. One rule per registered probe (tokenflip.run.probes).
 
 for _probe in PROBES:
 

@@ -12,8 +12,8 @@ import seaborn as sns  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="paper")
 
-from .common import _fmt  # noqa: E402
-from .page import render, render_partial, write_tables  # noqa: E402
-from .tables import kv_claims, probe_claims  # noqa: E402
+from tokenflip.report.common import _fmt  # noqa: E402
+from tokenflip.report.page import render, render_partial, write_tables  # noqa: E402
+from tokenflip.report.tables import kv_claims, probe_claims  # noqa: E402
 
 __all__ = ["render", "render_partial", "write_tables", "kv_claims", "probe_claims", "_fmt"]

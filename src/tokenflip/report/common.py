@@ -12,8 +12,10 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .. import paper, stats, storage
-from ..axes import AXES
+from tokenflip.analysis import statistics
+from tokenflip.core import storage
+from tokenflip.core.axes import AXES
+from tokenflip.report import paper
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -127,7 +129,7 @@ def first_runs(pairs: pd.DataFrame) -> pd.DataFrame:
     pairs its second runs on the same prompts, which pooled figures would count twice."""
     if pairs.empty or "repeat" not in pairs:
         return pairs
-    from ..axes import FURTHER_AXES
+    from tokenflip.core.axes import FURTHER_AXES
 
     return pairs[(pairs["axis"] == "repeat") | (pairs["repeat"].astype(str) == str(FURTHER_AXES["repeat"]))]
 
@@ -139,7 +141,7 @@ def condition_labels(rows: pd.DataFrame) -> pd.Series:
     defaults, such as vLLM's requests in flight (`concurrency 1`), so that no figure pools
     what differs. A repeat is never named: the pooled figures take first runs only
     (`first_runs`), since a second run holds the same prompts again."""
-    from ..axes import FURTHER_AXES
+    from tokenflip.core.axes import FURTHER_AXES
 
     labels = rows["axis"].astype(str) + ": " + rows["a"].astype(str) + " vs " + rows["b"].astype(str)
     for setting in ("precision", *(a for a in FURTHER_AXES if a != "repeat")):
@@ -163,7 +165,7 @@ def in_words(values: dict[str, Any], plain: bool = True) -> str:
     out, the further axes only where they are not at their default (and with `plain=False`
     greedy decoding and no intervention too). The file-name form stays in the tables'
     shared-settings column."""
-    from ..axes import CORE_AXES, FURTHER_AXES
+    from tokenflip.core.axes import CORE_AXES, FURTHER_AXES
 
     def given(v: Any) -> bool:
         return v is not None and not (isinstance(v, float) and math.isnan(v))
@@ -209,7 +211,7 @@ def value_words(axis: str, value: Any, interventions: dict[str, Any] | None = No
     if axis == "cache":
         return f"KV cache {value}"
     if axis == "intervention":
-        from ..interventions import is_no_intervention
+        from tokenflip.run.interventions import is_no_intervention
 
         spec = (interventions or {}).get(value)
         if not spec:
@@ -239,5 +241,5 @@ def _batch(size: Any) -> str:
 
 def _pooled(group: pd.DataFrame) -> pd.Series:
     n, d = int(group["n_prompts"].sum()), int(group["n_diverged"].sum())
-    low, high = stats.wilson(d, n)
+    low, high = statistics.wilson(d, n)
     return pd.Series({"n": n, "diverged": d, "rate": d / n if n else float("nan"), "low": low, "high": high})

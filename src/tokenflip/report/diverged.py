@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from .. import completions
-from .common import in_words
+from tokenflip.analysis import texts
+from tokenflip.report.common import in_words
 
 # Diverged prompts shown as text per pair, and in all: each is about 3 kB of HTML, so the
 # page grows by at most about 0.5 MB however large the study.
@@ -69,7 +69,7 @@ def _candidates(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
-    split = completions.parts(row)
+    split = texts.parts(row)
     prefix, rest_a, rest_b = split["prefix"], split["rest_a"], split["rest_b"]
     unsplit = row["token_a"] is None or row["token_b"] is None
     candidates = _candidates(row)
@@ -93,8 +93,8 @@ def diverged_view(diverged: pd.DataFrame, pairs: pd.DataFrame) -> dict[str, Any]
         return empty
     # Through Parquet a missing rejoin step is NaN (and a summary made before the labels has
     # none of these columns): None, which the template reads as "never" / unlabelled.
-    diverged = diverged.reindex(columns=[*diverged.columns, *(c for c in completions.LABEL_COLUMNS if c not in diverged)])
-    for column in completions.LABEL_COLUMNS:
+    diverged = diverged.reindex(columns=[*diverged.columns, *(c for c in texts.LABEL_COLUMNS if c not in diverged)])
+    for column in texts.LABEL_COLUMNS:
         diverged[column] = diverged[column].astype(object).where(diverged[column].notna(), None)
     order = pairs.sort_values(["model", "benchmark", "axis", "a", "b", "context"])
     order = order[order["pair_id"].isin(set(diverged["pair_id"]))].reset_index(drop=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import storage
+from tokenflip.core import storage
 
 __all__ = ["FORMULA_STARTS", "HIDDEN_CONTROLS", "visible_controls", "csv_field", "csv_frame", "write_csv"]
 

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-
 import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import MaxNLocator
 
-from .common import (
-    in_words, legend_outside, palette, _batch, MAX_PAIR_ROWS, MAX_VECTOR_POINTS, WHOLE_PATCHES, _model_style, _svg,
-    condition_labels)
+from tokenflip.report.common import (
+    MAX_PAIR_ROWS,
+    MAX_VECTOR_POINTS,
+    WHOLE_PATCHES,
+    _batch,
+    _model_style,
+    _svg,
+    condition_labels,
+    in_words,
+    legend_outside,
+    palette,
+)
 
 
 def first_divergence_figure(first_div: pd.DataFrame, pairs: pd.DataFrame) -> str | None:

@@ -10,8 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from .common import GRAFT_COLUMNS, _batch, _pooled, _svg, condition_labels, graft_frame
-
+from tokenflip.report.common import GRAFT_COLUMNS, _batch, _pooled, _svg, condition_labels, graft_frame
 
 # Heatmap geometry (inches before FIGURE_SCALE): a cell with a two-line annotation, a
 # cell without one, and the height of a row; rows shrink down to MIN_ROW for tall maps

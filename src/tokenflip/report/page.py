@@ -10,23 +10,54 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from .. import paper, storage
-from ..causes import CAUSE_WORDS
-from .common import AXIS_WORDS, KV_DTYPE_WORDS, first_runs, in_words, value_words, _fmt, _pct, _read_optional
-from .diverged import diverged_view, outcome, visible
-from .exports import visible_controls, write_csv
-from .figures import (
-    batch_figure, drift_figure, first_divergence_figure, flip_kl_figure, form_kl_figure, intervention_figure,
-    kl_figure, lens_figure, margin_figure, patching_figure, precision_drift_figure)
-from .overview import overview_figures
-from .tables import (
-    cv_heuristic, drilldown_table, flip_table, form_claims, grafting_table, kv_claims, kv_table, lens_table,
-    patching_layer_table, patching_table, precision_table, probe_claims, traced_prompts)
-from .verdicts import noise_floor_rows, still_identical_figure, verdict_counts, why_parted
-
+from tokenflip.analysis.causes import CAUSE_WORDS
+from tokenflip.core import storage
+from tokenflip.report import paper
+from tokenflip.report.common import (
+    AXIS_WORDS,
+    KV_DTYPE_WORDS,
+    _fmt,
+    _pct,
+    _read_optional,
+    first_runs,
+    in_words,
+    value_words,
+)
+from tokenflip.report.diverged import diverged_view, outcome, visible
+from tokenflip.report.exports import visible_controls, write_csv
+from tokenflip.report.figures import (
+    batch_figure,
+    drift_figure,
+    first_divergence_figure,
+    flip_kl_figure,
+    form_kl_figure,
+    intervention_figure,
+    kl_figure,
+    lens_figure,
+    margin_figure,
+    patching_figure,
+    precision_drift_figure,
+)
+from tokenflip.report.overview import overview_figures
+from tokenflip.report.tables import (
+    cv_heuristic,
+    drilldown_table,
+    flip_table,
+    form_claims,
+    grafting_table,
+    kv_claims,
+    kv_table,
+    lens_table,
+    patching_layer_table,
+    patching_table,
+    precision_table,
+    probe_claims,
+    traced_prompts,
+)
+from tokenflip.report.verdicts import noise_floor_rows, still_identical_figure, verdict_counts, why_parted
 
 _TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("tokenflip", "templates"),
+    loader=jinja2.PackageLoader("tokenflip.report", "templates"),
     autoescape=jinja2.select_autoescape(["html", "j2"]),
     undefined=jinja2.StrictUndefined,
     finalize=visible_controls,  # every printed value: bidi and control characters shown as ⟨U+XXXX⟩
@@ -341,7 +372,7 @@ def render_partial(config: dict[str, Any], layout) -> Path:
     import shutil
     import tempfile
 
-    from ..summary import write_summaries
+    from tokenflip.analysis.summary import write_summaries
 
     Path(layout.results).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".summary-partial.", dir=layout.results))

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from .common import PATCH_FIGURES, WHOLE_PATCHES, _pooled, condition_labels, graft_frame
+from tokenflip.report.common import PATCH_FIGURES, WHOLE_PATCHES, _pooled, condition_labels, graft_frame
 
 
 def kv_table(pairs: pd.DataFrame) -> list[dict[str, Any]]:

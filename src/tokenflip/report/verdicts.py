@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import MaxNLocator
 
-from ..causes import CAUSES
-from ..compare import cause_column
-from ..verdict import larger_floor, repeat_floors, upper_bound
-from .common import first_runs, in_words, _svg
+from tokenflip.analysis.causes import CAUSES
+from tokenflip.analysis.compare import cause_column
+from tokenflip.analysis.verdict import larger_floor, repeat_floors, upper_bound
+from tokenflip.report.common import _svg, first_runs, in_words
 
 # The order the verdicts are listed in: what a release engineer acts on first.
 VERDICT_ORDER = ("changes outputs", "undecided", "no floor", "within noise", "identical", "noise floor")

@@ -1,0 +1,228 @@
+"""Where a benchmark's records come from: the Hugging Face hub, a local JSONL/JSON/Parquet
+file, or a data file shipped in an installed package; one loader and one error for all."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenflip.core.literals import literal_problems
+from tokenflip.models.hub import hub_id_problem
+from tokenflip.run.benchmarks.errors import BenchmarkError
+
+__all__ = ["Source", "parse_source", "check_local", "load_records", "HUB_KEYS", "PATH_KEYS", "PACKAGE_KEYS"]
+
+# The most a data file may hold, decompressed: benchmark files are a few MiB (GSM8K's train
+# split, the largest read here, is 4 MiB), so a bigger one (a gzip bomb) is refused before
+# it is read whole.
+MAX_DATA_BYTES = 64 * 2**20
+PATH_KEYS = frozenset({"path"})
+HUB_KEYS = frozenset({"hub", "config", "split", "revision"})
+PACKAGE_KEYS = frozenset({"package", "file"})
+
+
+@dataclass(frozen=True)
+class Source:
+    """One of: a local `path`; a `hub` dataset id (config, split, revision); or a `file` inside
+    the installed distribution `package`."""
+
+    path: Path | None = None
+    hub: str | None = None
+    config: str | None = None
+    split: str | None = None
+    revision: str | None = None
+    package: str | None = None
+    file: str | None = None
+
+    def label(self) -> str:
+        """The source as tried, for error messages."""
+        if self.path is not None:
+            return str(self.path)
+        if self.package is not None:
+            return f"package {self.package!r} file {self.file!r}"
+        return f"{self.hub}@{self.revision or 'unpinned'} (config {self.config!r}, split {self.split!r})"
+
+    def package_file(self) -> Path:
+        """The path of `file` inside the installed distribution `package`."""
+        from importlib import metadata
+
+        try:
+            dist = metadata.distribution(self.package)
+        except metadata.PackageNotFoundError as e:
+            raise FileNotFoundError(f"package {self.package!r} is not installed") from e
+        path = Path(str(dist.locate_file(self.file)))
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.file!r} is not in package {self.package!r} {dist.version}")
+        return path
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance: path/package file with sha256 (and package version), or the hub coordinates."""
+        if self.path is not None:
+            return {"path": str(self.path), "sha256": _sha256(self.path)}
+        if self.package is not None:
+            from importlib import metadata
+
+            path = self.package_file()
+            return {"package": self.package, "version": metadata.version(self.package), "file": self.file,
+                    "sha256": _sha256(path)}
+        return {"hub": self.hub, "config": self.config, "split": self.split, "revision": self.revision}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def parse_source(where: str, spec: Any, default: Source) -> Source:
+    """The Source a config's `source:` mapping names; omitted keys of the same kind come from
+    `default`. `where` prefixes error messages, e.g. "benchmark 'he' (humaneval)"."""
+    if spec is None:
+        return default
+    if not isinstance(spec, dict):
+        raise BenchmarkError(f"{where}: source must be a mapping, got {spec!r}")
+    keys = set(spec)
+    unknown = sorted(keys - PATH_KEYS - HUB_KEYS - PACKAGE_KEYS)
+    if unknown:
+        allowed = sorted(PATH_KEYS | HUB_KEYS | PACKAGE_KEYS)
+        raise BenchmarkError(f"{where}: unknown source key(s) {unknown}; allowed: {allowed}")
+    kinds = [name for name, group in (("path", PATH_KEYS), ("hub", HUB_KEYS), ("package", PACKAGE_KEYS))
+             if keys & group]
+    if len(kinds) != 1:
+        raise BenchmarkError(f"{where}: source must give exactly one of a path, hub keys or a package, got {spec!r}")
+    if kinds == ["path"]:
+        return Source(path=Path(spec["path"]))
+    if kinds == ["package"]:
+        package = spec.get("package", default.package)
+        file = spec.get("file", default.file if package == default.package else None)
+        if not package or not file:
+            raise BenchmarkError(f"{where}: a package source needs both 'package' and 'file'")
+        return Source(package=package, file=file)
+    hub = spec.get("hub", default.hub)
+    if not hub:
+        raise BenchmarkError(f"{where}: a hub source needs 'hub' (a dataset id)")
+    if why := hub_id_problem(hub):
+        raise BenchmarkError(f"{where}: source.hub: {why}")
+    same = hub == default.hub
+    return Source(
+        hub=hub,
+        config=spec.get("config", default.config if same else None),
+        split=spec.get("split", default.split if same else None),
+        revision=spec.get("revision", default.revision if same else None),
+    )
+
+
+def check_local(where: str, source: Source) -> None:
+    """Fail early, with the source named, if a local path or package file is missing."""
+    if source.path is not None and not source.path.is_file():
+        raise BenchmarkError(f"{where}: local file not found: {source.path}")
+    if source.package is not None:
+        try:
+            source.package_file()
+        except FileNotFoundError as e:
+            raise BenchmarkError(f"{where}: cannot load {source.label()}: {e}") from e
+
+
+def _too_large(label: str, size: int | str) -> BenchmarkError:
+    return BenchmarkError(f"{label}: holds {size} bytes, more than the {MAX_DATA_BYTES} (64 MiB) a benchmark data "
+                          f"file may hold decompressed")
+
+
+def _read_bytes(path: Path, label: str) -> bytes:
+    """The file's bytes, decompressed if gzip, never more than MAX_DATA_BYTES of them."""
+    if path.stat().st_size > MAX_DATA_BYTES:
+        raise _too_large(label, path.stat().st_size)
+    with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as fh:
+        raw = fh.read(MAX_DATA_BYTES + 1)
+    if len(raw) > MAX_DATA_BYTES:
+        raise _too_large(label, f"over {MAX_DATA_BYTES}")
+    return raw
+
+
+def _read_parquet(path: Path, label: str) -> list[dict]:
+    """The table's rows, if its uncompressed size (from its footer) is within MAX_DATA_BYTES."""
+    import pyarrow.parquet as pq
+
+    raw = _read_bytes(path, label)
+    meta = pq.ParquetFile(io.BytesIO(raw)).metadata
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if size > MAX_DATA_BYTES:
+        raise _too_large(label, size)
+    return pq.read_table(io.BytesIO(raw)).to_pylist()
+
+
+def _read_file(where: str, path: Path, label: str) -> list[dict]:
+    name = path.name.lower().removesuffix(".gz")
+    try:
+        if name.endswith(".parquet"):
+            rows = _read_parquet(path, label)
+        else:
+            text = _read_bytes(path, label).decode("utf-8")
+    except BenchmarkError as e:
+        raise BenchmarkError(f"{where}: {e}") from None
+    except (OSError, ValueError, ImportError, EOFError, zlib.error) as e:
+        # EOFError / zlib.error: a truncated or corrupt .gz; ValueError covers bad UTF-8
+        # and Parquet that pyarrow cannot read.
+        raise BenchmarkError(f"{where}: cannot read {label} (corrupt or truncated?): {type(e).__name__}: {e}") from e
+    if name.endswith(".parquet"):
+        return _mappings(where, label, rows)
+    if name.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BenchmarkError(f"{where}: bad JSON in {label}: {e}") from e
+        if isinstance(data, dict):
+            data = next((v for k, v in data.items() if k in ("data", "rows", "records")), None)
+        if not isinstance(data, list):
+            raise BenchmarkError(f"{where}: {label} holds no list of records")
+        return _mappings(where, label, data)
+    records = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise BenchmarkError(f"{where}: bad JSON in {label}:{lineno}: {e}") from e
+    return _mappings(where, label, records)
+
+
+def _mappings(where: str, label: str, records: list) -> list[dict]:
+    """The records, if each one is a JSON object (a bare string or number is no record) whose
+    strings UTF-8 can encode (JSON's "\ud800" is a lone surrogate no tokenizer takes)."""
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise BenchmarkError(f"{where}: record {index} of {label} is not an object: {str(record)[:80]!r}")
+        for problem in literal_problems(record):
+            raise BenchmarkError(f"{where}: record {index} of {label}: {problem}")
+    return records
+
+
+def _load_hub(where: str, source: Source) -> list[dict]:
+    try:
+        import datasets
+
+        args = (source.hub,) if source.config is None else (source.hub, source.config)
+        return list(datasets.load_dataset(*args, split=source.split, revision=source.revision))
+    except Exception as e:
+        offline = " (HF_HUB_OFFLINE is set, so only the local cache was tried)" if os.environ.get(
+            "HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on") else ""
+        raise BenchmarkError(
+            f"{where}: cannot load from the Hugging Face hub {source.label()}{offline}: {type(e).__name__}: {e}"
+        ) from e
+
+
+def load_records(where: str, source: Source) -> list[dict]:
+    """All records of the source, in order; any failure is one BenchmarkError naming `where`
+    and the source tried."""
+    if source.path is not None:
+        check_local(where, source)
+        return _read_file(where, source.path, str(source.path))
+    if source.package is not None:
+        check_local(where, source)
+        return _read_file(where, source.package_file(), source.label())
+    return _load_hub(where, source)

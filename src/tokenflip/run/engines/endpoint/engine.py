@@ -1,0 +1,228 @@
+"""A live OpenAI-compatible endpoint as an engine: the server users deploy (vLLM, SGLang,
+TGI, llama.cpp's server, Ollama), on hardware tokenflip never sees, under load the cell's
+axes set. An endpoint is an entry of the config's `endpoints` (URL, served model, API kind,
+the server's kind, what its logprob fields hold, the variable that holds its key, timeouts
+and retries); a grid's `engine` axis names it like an engine, so a study compares an
+endpoint with itself under two loads, two endpoints, or an endpoint with a local engine on
+the same weights.
+
+- Prompts are the ids every engine encodes (the model's tokenizer), sent as ids where the
+  server takes them (vLLM, SGLang), else as their text; completions come back as ids
+  (`responses`) with each step's top-k scores.
+- Axes: `concurrency` (requests the client keeps in flight; default one), `load` (other
+  requests kept in flight beside them, `loads`), `order` (given, reversed, shuffled),
+  `logprobs` (on, off: the observer effect), `repeat` (the endpoint's own noise).
+- What the server did is recorded: its identity (`/v1/models`, `/version`, fingerprints,
+  the `server` header), the request fields sent, the requests in flight over time, and the
+  steps where a greedy cell's chosen token was not the server's top score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import random
+import time
+from typing import Any, Iterator
+
+from tokenflip.core.axes import Proof
+from tokenflip.run.engines.base import Decoded, Engine, grid_values
+
+# Servers that take prompts as token ids and return completions as ids (request fields
+# beyond OpenAI's own, sent only to them).
+ID_SERVERS = ("vllm", "sglang")
+# Request fields a server takes beyond OpenAI's own, per server kind.
+EXTENSIONS = {
+    "vllm": lambda eos: {"return_token_ids": True, "return_tokens_as_token_ids": True, "stop_token_ids": eos},
+    "sglang": lambda eos: {"return_token_ids": True, "stop_token_ids": eos},
+}
+# Servers whose API takes `top_k` for sampling.
+TOP_K_SERVERS = ("vllm", "sglang", "llama.cpp", "tgi", "ollama")
+
+
+class Endpoint(Engine):
+    """One configured endpoint (`name`: its key under `endpoints`)."""
+
+    honours = ("precision", "cache", "decoding", "repeat", "engine", "concurrency", "load", "order", "logprobs")
+    proofs = {
+        # A server does not say what it computes in: the precision is the one the study states
+        # for it, recorded as such (docs/internals.md lists the proofs that are only stated).
+        "precision": Proof("engine.precision_stated", lambda job, rec: job.cell.precision),
+        # Measured by the client: the most of the cell's own requests in flight at once.
+        "concurrency": Proof("traffic.most_in_flight", lambda job, rec: min(
+            1 if job.cell.concurrency == "default" else int(job.cell.concurrency), rec["observed"]["prompts"])),
+    }
+    why = {
+        "batch_size": "a server batches the requests in flight itself (use the concurrency axis)",
+        "intervention": "interventions patch a transformers model's modules",
+        "attention": "a server chooses its own attention kernels",
+        "deterministic": "torch's deterministic algorithms do not reach a remote server",
+        "threads": "a server's threads are its own (set them where it is started)",
+        "device": "a server computes where it runs",
+        "prefill_chunk": "a server's chunked prefill is one of its own start options",
+        "prefix_cache": "a server's prefix cache is one of its own start options",
+        "kv_dtype": "a server's KV cache format is one of its own start options",
+        "cache_impl": "a server's KV cache is its own",
+        "compile": "a server's compilation is one of its own start options",
+        "batch_invariant": "a server's batch invariance is one of its own start options",
+        "tensor_parallel": "a server's parallelism is one of its own start options",
+    }
+    axis_provenance = {"logprobs": ("engine.request", "engine.scores"),
+                       "decoding": ("engine.request",)}
+
+    def __init__(self, name: str, spec: dict[str, Any]):
+        self.name = name
+        self.spec = spec
+
+    def unavailable(self) -> str | None:
+        try:
+            importlib.metadata.version("openai")
+        except importlib.metadata.PackageNotFoundError:
+            return f"endpoint {self.name!r} needs the `openai` package (requirements.lock; `make run` installs it)"
+        return None
+
+    def grid_problems(self, config, grid, where, defaults) -> Iterator[str]:
+        if "off" in [str(v) for v in grid_values(grid, "cache", defaults)]:
+            yield (f"{where}: endpoint {self.name!r} with cache 'off': a server decodes against its own KV cache "
+                   f"(compare the cache on and off in the transformers or llama.cpp engine)")
+        server = self.spec.get("server", "openai")
+        for label in grid_values(grid, "decoding", defaults):
+            spec = config["decoding"].get(label, {})
+            if spec.get("top_k") and server not in TOP_K_SERVERS:
+                yield (f"{where}: endpoint {self.name!r} with decoding {label!r}: top_k is not a field of the "
+                       f"OpenAI API, and server {server!r} takes none")
+        if self.spec.get("api") == "chat":
+            for name in grid.get("benchmarks", list(config["benchmarks"])):
+                if config["benchmarks"][name].get("prompt", {}).get("format") == "bare":
+                    yield (f"{where}: endpoint {self.name!r} (api chat) with benchmark {name!r}: a bare prompt "
+                           f"is plain text, which the completions API takes (api: completions)")
+
+    def job_device(self, cell, configured: str) -> str:
+        return "cpu"  # tokenflip's own process only encodes and scores; the server computes
+
+    def job_threads(self, cell, configured, cores: int) -> int:
+        return 1
+
+    def decode(self, job, bench, model_dir, progress: bool) -> Decoded:
+        return decode_endpoint(self, job, bench, model_dir)
+
+
+def send_order(order: str, n: int, seed: int) -> list[int]:
+    """The prompt indices in the order the cell sends them."""
+    indices = list(range(n))
+    if order == "reversed":
+        return indices[::-1]
+    if order == "shuffled":
+        random.Random(seed).shuffle(indices)
+    return indices
+
+
+def observed_order(sent: list[int]) -> str:
+    """Which order the indices were sent in, read from what was sent."""
+    if sent == sorted(sent):
+        return "given"
+    return "reversed" if sent == sorted(sent, reverse=True) else "shuffled"
+
+
+def request_fields(spec: dict[str, Any], decoding: dict[str, Any], max_tokens: int, k: int, logprobs: bool,
+                   stop: list[str], eos: list[int]) -> dict[str, Any]:
+    """The fields every request of a cell carries (a prompt's own are added per request)."""
+    from tokenflip.run.engines.vllm_offline.engine import sampling_of
+
+    fields: dict[str, Any] = {"model": spec["model"], "max_tokens": max_tokens, **sampling_of(decoding)}
+    if stop:
+        fields["stop"] = list(stop)
+    if logprobs:
+        fields.update({"logprobs": True, "top_logprobs": k} if spec["api"] == "chat" else {"logprobs": k})
+    fields.update(EXTENSIONS.get(spec.get("server", "openai"), lambda eos: {})(list(eos)))
+    fields.update(spec.get("extra_body") or {})
+    return fields
+
+
+def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
+    """The cell's prompts through the endpoint; the runner scores, checks and writes it."""
+    import torch
+    from transformers import GenerationConfig
+
+    from tokenflip.models.prepare import load_tokenizer, read_manifest
+    from tokenflip.run import runtime
+    from tokenflip.run.cell_output import DecodedBatch, model_record
+    from tokenflip.run.decode import BatchResult
+    from tokenflip.run.engines.endpoint import client, responses, server
+    from tokenflip.run.sampling import prompt_seed
+
+    spec, cell = engine.spec, job.cell
+    refused = server.problem(engine.name, spec)
+    if refused:
+        raise client.EndpointError(refused)
+    tokenizer = load_tokenizer(model_dir)
+    eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
+    items = bench.items()
+    prompts = [runtime.encode_prompt(tokenizer, bench, item) for item in items]
+    logprobs = cell.logprobs == "on"
+    fields = request_fields(spec, job.decoding, job.max_new_tokens, job.record_top_k, logprobs, list(bench.stop), eos)
+    as_ids = spec.get("server") in ID_SERVERS and spec["api"] == "completions"
+    order = send_order(cell.order, len(items), job.run_seed)
+    bodies = []
+    for index in order:
+        item = items[index]
+        body = dict(fields)
+        if spec["api"] == "chat":
+            body["messages"] = bench.chat_messages(item)
+        else:
+            body["prompt"] = prompts[index] if as_ids else tokenizer.decode(prompts[index])
+        if job.decoding["strategy"] != "greedy":
+            body["seed"] = prompt_seed(job.run_seed, item.id)
+        bodies.append((f"endpoint {engine.name!r}, prompt {item.id!r}", body))
+    background = server.background_prompts(job, tokenizer, as_ids, fields)
+    identity = server.identity(spec)
+    concurrency = 1 if cell.concurrency == "default" else int(cell.concurrency)
+    start = time.perf_counter()
+    answers, traffic = asyncio.run(client.run(spec, bodies, concurrency, job.load, background))
+    wall = time.perf_counter() - start
+    by_index = dict(zip(order, answers))
+    answers = [by_index[i] for i in range(len(items))]  # in the benchmark's order from here
+    vocabulary = responses.Vocabulary(tokenizer)
+    eos_if_stopped = None if bench.stop else eos[0]
+    reads = [responses.read(answer.body["choices"][0], spec["api"], job.record_top_k, tokenizer, vocabulary,
+                                     eos_if_stopped) for answer in answers]
+    generations = [_generation(read) for read in reads]
+    result = BatchResult(generations, wall, max((len(g.token_ids) for g in generations), default=0))
+    batches = [DecodedBatch(items, prompts, result, traffic["client_cpu_seconds"])]
+    manifest = read_manifest(model_dir)
+    record = {
+        "model": model_record(manifest),  # the tokenizer's model; the server's weights are its own
+        "cache_form": {"impl": "server"},
+        "engine": {
+            "name": engine.name, "kind": "endpoint", "api": spec["api"], "server_kind": spec.get("server", "openai"),
+            "precision_stated": cell.precision, "use_cache": True,
+            "server": {**identity, **server.answered(answers)},
+            "request": {key: value for key, value in fields.items() if key not in ("model",)},
+            "prompts_as": "ids" if as_ids else ("messages" if spec["api"] == "chat" else "text"),
+            "scores": responses.scores_kind(reads, spec.get("scores", "logprobs")) if logprobs else "none",
+            "logprobs_returned": any(r.top_scores.size and bool((r.top_ids >= 0).any()) for r in reads),
+            "ids_from": sorted({r.ids_from for r in reads}),
+            "client": {"openai": importlib.metadata.version("openai")},
+        },
+        "findings": server.findings(items, reads, job.decoding, answers, prompts),
+        "traffic": {**traffic, "order": observed_order(order), "job_wall_seconds": wall},
+    }
+    unrecorded = ("logsumexp", "entropy") + (() if logprobs else ("top_logits", "margin"))
+    if any(r.ids_from == "text" for r in reads):
+        unrecorded = tuple(dict.fromkeys((*unrecorded, "top_logits", "margin")))
+    return Decoded(batches, tokenizer, eos, pad, torch.device("cpu"), record, unrecorded=unrecorded,
+                   observed={"selector": job.decoding["strategy"]})
+
+
+def _generation(read):
+    import numpy as np
+
+    from tokenflip.run.decode import Generation
+
+    steps = len(read.token_ids)
+    scores = read.top_scores
+    margin = (scores[:, 0] - scores[:, 1]).astype(np.float64) if steps else np.zeros(0)
+    return Generation(token_ids=list(read.token_ids), top_ids=list(read.top_ids.astype(np.int32)),
+                      top_logits=list(scores), margin=[float(m) for m in margin],
+                      logsumexp=[float("nan")] * steps, entropy=[float("nan")] * steps,
+                      intervened=[False] * steps, finish_reason=read.finish_reason)

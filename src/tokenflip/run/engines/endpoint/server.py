@@ -1,0 +1,161 @@
+"""What a live endpoint is and what it did: its identity (the model list, the version where it
+tells, fingerprints and the `server` header of its answers), the check before any job that
+it answers and serves the model the config names, the background prompts of a load, and
+the findings of a cell (steps where a greedy server chose another token than its own top
+score, ids that do not spell the server's text, prompts the server counted otherwise).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+# Fields of a model list entry that say what is served (others, such as `created` or a
+# permission's id, change from one call to the next).
+MODEL_ENTRY_FIELDS = ("id", "object", "owned_by", "root", "parent", "max_model_len")
+# Answer headers that say which server and version answered.
+IDENTITY_HEADERS = ("server", "x-powered-by", "openai-version", "x-request-model", "via")
+
+
+def _root(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def served_models(spec: dict[str, Any], timeout: float = 10.0) -> tuple[list[dict[str, Any]] | None, str]:
+    """The server's model list (None if it does not answer one), and what answered."""
+    import httpx2
+
+    from tokenflip.run.engines.endpoint.client import api_key
+
+    url = spec["url"].rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {api_key(spec)}"} if spec.get("api_key_env") else {}
+    try:
+        response = httpx2.get(url, headers=headers, timeout=timeout)
+    except Exception as exc:  # any transport failure: nothing answered
+        return None, f"nothing answers at {url} ({type(exc).__name__}: {exc})"
+    if response.status_code != 200:
+        return None, f"{url} answered {response.status_code}: {response.text[:200]!r}"
+    try:
+        data = response.json()["data"]
+        assert isinstance(data, list) and all(isinstance(m, dict) and "id" in m for m in data)
+    except Exception:
+        return None, f"{url} answered 200 with no model list: {response.text[:200]!r}"
+    return data, f"{url} lists {[m['id'] for m in data]}"
+
+
+def problem(name: str, spec: dict[str, Any]) -> str | None:
+    """Why endpoint `name` cannot serve its cells now (None if it can): nothing answers, or
+    it serves another model. Checked before any job runs."""
+    try:
+        models, answered = served_models(spec)
+    except Exception as exc:  # an unset API key variable, say
+        return f"endpoint {name!r}: {exc}"
+    if models is None:
+        return f"endpoint {name!r} ({spec['url']}): {answered}"
+    if spec["model"] not in [m["id"] for m in models]:
+        return f"endpoint {name!r} ({spec['url']}) does not serve model {spec['model']!r}: {answered}"
+    return None
+
+
+def endpoint_problems(config: dict[str, Any], cells) -> list[str]:
+    """`problem` of every endpoint one of `cells` names (each endpoint asked once)."""
+    names = dict.fromkeys(cell.engine for cell in cells if cell.engine in config.get("endpoints", {}))
+    found = (problem(name, config["endpoints"][name]) for name in names)
+    return [p for p in found if p]
+
+
+def identity(spec: dict[str, Any]) -> dict[str, Any]:
+    """The served model's entry (without what changes per call) and the version the server
+    reports at /version, where it has one."""
+    import httpx2
+
+    models, _ = served_models(spec)
+    entry = next((m for m in models or [] if m["id"] == spec["model"]), {})
+    out: dict[str, Any] = {"model_entry": {k: v for k, v in entry.items() if k in MODEL_ENTRY_FIELDS}}
+    try:
+        response = httpx2.get(_root(spec["url"]) + "/version", timeout=10.0)
+        if response.status_code == 200 and isinstance(response.json(), dict):
+            out["version"] = response.json()
+    except Exception:
+        pass  # a server without /version
+    return out
+
+
+def answered(answers) -> dict[str, Any]:
+    """What the answers say of the server: its fingerprints, identity headers and the model
+    names it answered as (more than one of any: a finding of its own)."""
+    fingerprints = sorted({str(a.body.get("system_fingerprint")) for a in answers if a.body.get("system_fingerprint")})
+    headers = {h: sorted({a.headers[h] for a in answers if h in a.headers}) for h in IDENTITY_HEADERS}
+    return {"system_fingerprints": fingerprints, "headers": {h: v for h, v in headers.items() if v},
+            "answered_as": sorted({str(a.body.get("model")) for a in answers})}
+
+
+def background_prompts(job, tokenizer, as_ids: bool, fields: dict[str, Any]) -> Callable[[int], dict] | None:
+    """The background load's n-th request: a prompt of `prompt_tokens` ids drawn from the
+    vocabulary's ordinary tokens with the run's seed (as text where the server takes text),
+    asking for `max_tokens` tokens."""
+    if not job.load:
+        return None
+    special = set(tokenizer.all_special_ids)
+    ordinary = [i for i in range(len(tokenizer)) if i not in special]
+    length, max_tokens = int(job.load["prompt_tokens"]), int(job.load["max_tokens"])
+    base = {key: value for key, value in fields.items() if key not in ("logprobs", "top_logprobs", "stop")}
+
+    def body(n: int) -> dict[str, Any]:
+        rng = random.Random(f"{job.run_seed}:background:{n}")
+        ids = [rng.choice(ordinary) for _ in range(length)]
+        request = {**base, "max_tokens": max_tokens}
+        if "messages" in fields or job.endpoint.get("api") == "chat":
+            request["messages"] = [{"role": "user", "content": tokenizer.decode(ids)}]
+        else:
+            request["prompt"] = ids if as_ids else tokenizer.decode(ids)
+        return request
+
+    return body
+
+
+def findings(items, reads, decoding: dict[str, Any], answers, prompts: list[list[int]]) -> dict[str, Any]:
+    # `answers`, `reads` and `prompts` in the order of `items`.
+    """What the server did that is not a divergence between two cells: in a greedy cell, the
+    steps where it chose a token below its own top score (a penalty, a bias, a processor
+    applied after the scores it reports); ids that do not spell its text; prompts whose
+    length it counted otherwise than the ids tokenflip encoded."""
+    greedy = decoding["strategy"] == "greedy"
+    off_top = {item.id: read.off_top_steps for item, read in zip(items, reads) if greedy and read.off_top_steps}
+    counted = {}
+    for item, answer, ids in zip(items, answers, prompts):
+        usage = answer.body.get("usage") or {}
+        if isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] != len(ids):
+            counted[item.id] = {"tokenflip": len(ids), "server": usage["prompt_tokens"]}
+    return {
+        "not_top_choice": {"prompts": len(off_top), "steps": off_top},
+        "ids_not_spelling_text": sorted(item.id for item, read in zip(items, reads) if not read.round_trip),
+        "prompt_tokens_counted_otherwise": counted,
+        "fingerprints": len({a.body.get("system_fingerprint") for a in answers if a.body.get("system_fingerprint")}),
+    }
+
+
+def summary_columns(meta: dict[str, Any]) -> dict[str, Any]:
+    """A cell's endpoint figures for the summary's cells table (None for other engines): what
+    the client held in flight, what the scores are, where ids came from, and the findings."""
+    engine = meta.get("engine") or {}
+    endpoint = engine.get("kind") == "endpoint"
+    traffic = meta.get("traffic") or {}
+    found = meta.get("findings") or {}
+    off_top = (found.get("not_top_choice") or {}).get("steps") or {}
+    server = engine.get("server") or {}
+    version = (server.get("version") or {}).get("version") if isinstance(server.get("version"), dict) else None
+    return {
+        "endpoint_server": f"{engine.get('server_kind')} {version or ''}".strip() if endpoint else None,
+        "in_flight_mean": traffic.get("mean_in_flight") if endpoint else None,
+        "in_flight_most": traffic.get("most_in_flight") if endpoint else None,
+        "background_in_flight_mean": (traffic.get("background") or {}).get("mean_in_flight") if endpoint else None,
+        "request_attempts": traffic.get("attempts") if endpoint else None,
+        "scores": engine.get("scores", "raw_logits"),
+        "ids_from": ",".join(engine.get("ids_from", [])) if endpoint else None,
+        "not_top_choice_prompts": len(off_top) if endpoint else None,
+        "not_top_choice_steps": "; ".join(f"{p}: {', '.join(map(str, s))}" for p, s in off_top.items())
+        if endpoint else None,
+        "prompts_counted_otherwise": len(found.get("prompt_tokens_counted_otherwise") or {}) if endpoint else None,
+    }
