@@ -6,7 +6,10 @@ test_extending.py (taken from that page and run)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import shlex
 
 from conftest import REPO
 
@@ -27,3 +30,115 @@ def test_no_local_link_leads_nowhere():
     broken = [(page.name, target) for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
               for target in _local_links(page) if not (page.parent / target).exists()]
     assert not broken, broken
+
+
+DOC_PAGES = [REPO / "README.md", REPO / "config" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.M)
+ANCHOR_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped (hyphens
+    and underscores kept), spaces as hyphens; inline code and links read as their text."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path) -> set[str]:
+    """Every heading's anchor on a page (a repeated heading gets -1, -2, … as on GitHub)."""
+    seen: dict[str, int] = {}
+    out = set()
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    for heading in HEADING.findall(text):
+        slug = github_anchor(heading)
+        out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def test_github_anchors_are_made_as_github_makes_them():
+    assert github_anchor("What a study costs: `tokenflip plan --cost`") == "what-a-study-costs-tokenflip-plan---cost"
+    assert github_anchor("A live vLLM server (config/endpoint.yaml)") == "a-live-vllm-server-configendpointyaml"
+    assert github_anchor("What `make test` needs") == "what-make-test-needs"
+
+
+def test_every_link_anchor_names_a_heading_of_its_page():
+    broken = []
+    for page in DOC_PAGES:
+        for target, anchor in ANCHOR_LINK.findall(page.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            linked = (page.parent / target) if target else page
+            if linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{page.relative_to(REPO)}: {target or '(this page)'}#{anchor}")
+    assert broken == []
+
+
+FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
+INLINE = re.compile(r"`(tokenflip [^`]+)`")
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """Every `tokenflip …` command the README and docs show: in shell blocks (comments and
+    line continuations read as a shell reads them) and in inline code."""
+    found = []
+    for page in DOC_PAGES:
+        text = page.read_text(encoding="utf-8")
+        for lang, block in FENCE.findall(text):
+            if lang not in ("", "bash", "sh", "console"):
+                continue
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+                    words = words[1:]  # VARIABLE=value before the command
+                if words and words[0] == "tokenflip":
+                    found.append((str(page.relative_to(REPO)), shlex.join(words)))
+        for command in INLINE.findall(re.sub(r"```.*?```", "", text, flags=re.S)):
+            found.append((str(page.relative_to(REPO)), command))
+    return found
+
+
+# What the documented shell variables stand for, so that their commands parse as a user's would.
+EXAMPLE_VALUES = {"$ENDPOINT_URL": "https://llm.example.com/v1", "$MODEL": "my-model"}
+
+
+def test_every_documented_command_parses_with_the_command_line():
+    """A span that only names a command (`tokenflip audit`) names one that exists; every
+    longer one is a whole command line that the parser takes as written."""
+    from tokenflip.cli.main import build_parser
+
+    commands = documented_commands()
+    assert any("tokenflip audit http" in c for _, c in commands) and any("tokenflip gate" in c for _, c in commands)
+    names = set(build_parser()._subparsers._group_actions[0].choices)
+    refused = []
+    for page, command in commands:
+        words = [EXAMPLE_VALUES.get(w, w) for w in shlex.split(command)[1:]]
+        if len(words) == 1 and words[0] in names:
+            continue
+        if any(re.fullmatch(r"<[\w ]+>", w) for w in words):
+            continue  # a value the rules generate, such as a job spec (`'<json>'`), shown as a placeholder
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                build_parser().parse_args(words)
+        except SystemExit:
+            refused.append(f"{page}: {command}")
+    assert refused == []
+
+
+def test_commands_are_written_one_way():
+    """`tokenflip …`, with the environment active (the README says so once), never
+    `.venv/bin/tokenflip …` beside it."""
+    assert [str(p.relative_to(REPO)) for p in DOC_PAGES if ".venv/bin/tokenflip" in p.read_text()] == []
+
+
+def test_the_readme_is_read_in_ten_minutes_and_keeps_the_commands_users_run():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 400
+    assert "snakemake --cores all --resources gpu=1" in text
+    assert "--profile workflow/profiles/slurm" in text
+
+
+def test_the_config_readme_lists_every_shipped_config():
+    listed = set(re.findall(r"\[`([\w.-]+\.yaml)`\]", (REPO / "config" / "README.md").read_text()))
+    assert listed == {p.name for p in (REPO / "config").glob("*.yaml")}
+    assert "config/README.md" in _local_links(REPO / "README.md")
