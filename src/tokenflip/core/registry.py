@@ -1,4 +1,4 @@
-"""A registry of named extensions (benchmark kinds, interventions, probes): the one list
+"""A registry of named extensions (engines, benchmark kinds, interventions, probes): the one list
 from which the config schema's enums, the CLI's choices and the probe rules are made, so
 that adding one is its own file plus one line in its registry."""
 
@@ -47,6 +47,9 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def keys(self):
+        return self._entries.keys()
 
     def names(self) -> list[str]:
         return list(self._entries)

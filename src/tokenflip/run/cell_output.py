@@ -6,7 +6,6 @@ Engines hand over their decoded batches (`DecodedBatch`); the cell runner scores
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -17,19 +16,9 @@ from tokenflip.core.specs import CellJob
 from tokenflip.run import runtime
 from tokenflip.run.benchmarks import Benchmark, Item
 from tokenflip.run.decode import BatchResult, left_pad, stop_criterion
+from tokenflip.run.engines.base import DecodedBatch
 from tokenflip.run.finite import require_finite
 from tokenflip.run.sampling import make_selector
-
-
-@dataclass
-class DecodedBatch:
-    """One batch as an engine decoded it: its items, their prompt ids, the generations, and
-    the CPU seconds the engine spent on it."""
-
-    items: list[Item]
-    prompts: list[list[int]]
-    result: BatchResult
-    cpu_seconds: float
 
 
 def score_batches(job: CellJob, bench: Benchmark, batches: list[DecodedBatch], tokenizer) -> list[dict[str, Any]]:

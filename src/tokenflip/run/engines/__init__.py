@@ -20,13 +20,15 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from tokenflip.core.registry import Registry
 from tokenflip.run.engines.base import Decoded, Engine, grid_values
 from tokenflip.run.engines.endpoint.engine import Endpoint
 from tokenflip.run.engines.llama_cpp_gguf import LLAMA_CPP, LLAMA_CPP_PACKAGE, LlamaCppEngine
 from tokenflip.run.engines.transformers_loop import TRANSFORMERS, Transformers
 from tokenflip.run.engines.vllm_offline.engine import VLLM, Vllm
 
-REGISTRY: dict[str, Engine] = {engine.name: engine for engine in (Transformers(), LlamaCppEngine(), Vllm())}
+# The one registry of engines, the same kind as those of benchmarks, interventions and probes.
+REGISTRY: Registry[Engine] = Registry("engine", (Transformers(), LlamaCppEngine(), Vllm()))
 ENGINES = tuple(REGISTRY)
 
 __all__ = ["ENGINES", "Endpoint", "LLAMA_CPP", "LLAMA_CPP_PACKAGE", "REGISTRY", "TRANSFORMERS", "VLLM", "Decoded", "Engine",

@@ -8,14 +8,28 @@ provenance, the check that the cell ran as its name says, and writing happen onc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from tokenflip.core.axes import AXES, Proof
 from tokenflip.run.interventions import is_no_intervention
 
+if TYPE_CHECKING:
+    from tokenflip.run.benchmarks.base import Item
+
 
 def grid_values(grid: dict[str, Any], axis: str, defaults: dict[str, Any]) -> list[Any]:
     return list(grid.get(axis, [defaults.get(axis)]))
+
+
+@dataclass
+class DecodedBatch:
+    """One batch as an engine decoded it: its items, their prompt ids, the generations (a
+    `decode.BatchResult`), and the CPU seconds the engine spent on it."""
+
+    items: list[Item]
+    prompts: list[list[int]]
+    result: Any
+    cpu_seconds: float
 
 
 @dataclass

@@ -146,8 +146,9 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
 
     from tokenflip.models.prepare import load_tokenizer, read_manifest
     from tokenflip.run import runtime
-    from tokenflip.run.cell_output import DecodedBatch, model_record
+    from tokenflip.run.cell_output import model_record
     from tokenflip.run.decode import BatchResult
+    from tokenflip.run.engines.base import DecodedBatch
     from tokenflip.run.engines.endpoint import client, responses, server
     from tokenflip.run.sampling import prompt_seed
 

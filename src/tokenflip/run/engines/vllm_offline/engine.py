@@ -362,8 +362,9 @@ def decode_vllm(job, bench, model_dir) -> Decoded:
 
     from tokenflip.models.prepare import load_tokenizer, read_manifest, verify_prepared, weights_record
     from tokenflip.run import runtime
-    from tokenflip.run.cell_output import DecodedBatch, model_record
+    from tokenflip.run.cell_output import model_record
     from tokenflip.run.decode import BatchResult
+    from tokenflip.run.engines.base import DecodedBatch
 
     manifest = read_manifest(model_dir)
     verify_prepared(model_dir, manifest)  # vLLM reads the files itself: they must be the ones recorded
