@@ -22,8 +22,26 @@ class JobSpecError(ValueError):
     """A job spec (JSON from the plan) is missing, has unknown or has mistyped fields."""
 
 
-class _CellMethods:
-    """What a cell is besides its axis values (the fields come from the table of axes)."""
+def _cell_fields() -> list:
+    """model, benchmark, then every axis in table order: the core axes required, the
+    further ones defaulting to their default (so a cell made before an axis existed reads)."""
+    out: list = [("model", str), ("benchmark", str)]
+    for axis in AXES.values():
+        kind = int if axis.integer else str
+        out.append((axis.name, kind) if axis.core else (axis.name, kind, field(default=axis.grid_default)))
+    return out
+
+
+# A cell's fields are the table of axes' (one entry per axis, `core.axes`), so they are made
+# from it; the class below adds what a cell is besides its values.
+_CellFields = make_dataclass("_CellFields", _cell_fields(), frozen=True, order=True,
+                             namespace={"__module__": __name__})
+
+
+@dataclass(frozen=True, order=True)
+class Cell(_CellFields):
+    """One generation job, by its model, benchmark and axis values (its fields: model,
+    benchmark, then every axis of `core.axes.AXES` in table order)."""
 
     @property
     def name(self) -> str:
@@ -73,21 +91,6 @@ class _CellMethods:
             return cls.from_dict({"model": model, "benchmark": benchmark, **core, **extra})
         except JobSpecError as exc:
             raise JobSpecError(f"cell name {name!r}: {exc}") from None
-
-
-def _cell_fields() -> list:
-    """model, benchmark, then every axis in table order: the core axes required, the
-    further ones defaulting to their default (so a cell made before an axis existed reads)."""
-    out: list = [("model", str), ("benchmark", str)]
-    for axis in AXES.values():
-        kind = int if axis.integer else str
-        out.append((axis.name, kind) if axis.core else (axis.name, kind, field(default=axis.grid_default)))
-    return out
-
-
-Cell = make_dataclass("Cell", _cell_fields(), bases=(_CellMethods,), frozen=True, order=True,
-                      namespace={"__doc__": "One generation job, by its model, benchmark and axis values.",
-                                 "__module__": __name__})
 
 
 @dataclass(frozen=True, order=True)
