@@ -143,7 +143,9 @@ def add_commands(sub) -> None:
     p.add_argument("url", type=url, help="the server's OpenAI API base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True, help="the served model name (as /v1/models lists it)")
     p.add_argument("--api", choices=["completions", "chat"], default="completions")
-    p.add_argument("--server", choices=["vllm", "sglang", "tgi", "llama.cpp", "ollama", "openai"],
+    from tokenflip.run.engines.endpoint.engine import SERVER_KINDS
+
+    p.add_argument("--server", choices=SERVER_KINDS,
                    help="which server it is (default: asked of the server)")
     p.add_argument("--api-key-env", help="the environment variable that holds the API key (never the key itself)")
     p.add_argument("--tokenizer", type=json_arg, default=None,

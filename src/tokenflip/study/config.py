@@ -96,6 +96,7 @@ def schema() -> dict[str, Any]:
     """The config schema: the shipped YAML completed from the registries (benchmark kinds,
     intervention kinds, probes and axes), so the enums never drift from the code."""
     from tokenflip.run.benchmarks import BENCHMARKS, COMMON_SPEC_SCHEMA
+    from tokenflip.run.engines.endpoint.engine import SERVER_KINDS
     from tokenflip.run.interventions import INTERVENTIONS
     from tokenflip.run.probes import COMMON_OPTIONS, PROBES
 
@@ -110,6 +111,7 @@ def schema() -> dict[str, Any]:
                "properties": {**COMMON_OPTIONS, **probe.options}}
         for name, probe in PROBES.items()}
     props["comparisons"]["items"]["properties"]["axis"] = {"enum": list(AXES)}
+    props["endpoints"]["additionalProperties"]["properties"]["server"]["enum"] = list(SERVER_KINDS)
     grid = props["grids"]["items"]
     grid["required"] = list(REQUIRED_AXES)
     grid_axes = grid["properties"]

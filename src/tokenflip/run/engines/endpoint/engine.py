@@ -28,6 +28,9 @@ from typing import Any, Iterator
 from tokenflip.core.axes import Proof
 from tokenflip.run.engines.base import Decoded, Engine, grid_values
 
+# The server kinds an endpoint entry may name (`server:`): the config schema's enum and
+# `audit --server` are made from this list; what each takes beyond OpenAI's API is below.
+SERVER_KINDS = ("vllm", "sglang", "tgi", "llama.cpp", "ollama", "openai")
 # Servers that take prompts as token ids and return completions as ids (request fields
 # beyond OpenAI's own, sent only to them).
 ID_SERVERS = ("vllm", "sglang")
