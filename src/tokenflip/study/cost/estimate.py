@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenflip.core.inputs import shown
+from tokenflip.core.layout import MODELS_DIR
 from tokenflip.models.size import ModelSize, model_size
 from tokenflip.run.engines import TRANSFORMERS
 from tokenflip.study.cost.model import (
@@ -140,7 +141,7 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
     from tokenflip.study.plan import expand_cells, expand_pairs, probe_targets
 
     given = prompt_tokens or {}
-    models_dir = Path(root or ".") / "resources" / "models"
+    models_dir = Path(root or ".") / MODELS_DIR
     cells = expand_cells(config)
     pairs = expand_pairs(config, cells)
     probes = probe_targets(config)
