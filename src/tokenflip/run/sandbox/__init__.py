@@ -1,6 +1,6 @@
 """Running untrusted code and returning a verdict that the code cannot forge.
 
-What it guarantees (each one tested by an attack in tests/test_sandbox.py; `GUARANTEES`
+What it guarantees (each one tested by an attack in tests/run/test_sandbox.py; `GUARANTEES`
 states them, and `available_layers` says which this machine provides):
 - The verdict is decided by a separate, trusted test process. The candidate process only
   answers calls on the model's code, and only plain data crosses between them (`_wire`):

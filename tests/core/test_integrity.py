@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import copy_run
+from conftest import SHARED_DATA, copy_run
 from tokenflip.core import provenance, storage
 from tokenflip.core.cpu_flags import KERNEL_FLAGS
 
@@ -258,7 +258,7 @@ def test_an_edited_data_file_reruns_its_cells_or_is_refused(tmp_path):
 
     from conftest import run_snakemake, tiny_study, write_yaml
 
-    lines = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl").read_text(
+    lines = (SHARED_DATA / "gsm8k" / "test.jsonl").read_text(
         encoding="utf-8").splitlines()
     data = tmp_path / "data" / "g.jsonl"
     data.parent.mkdir()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import REPO, SHARED_DATA
 from tokenflip.run.benchmarks import BenchmarkError, build_benchmark
 from tokenflip.run.sandbox.execution import (
     Layers,
@@ -295,7 +295,7 @@ def test_private_file_elsewhere_is_invisible(tmp_path):
 
 @needs_sandbox
 def test_root_home_repository_and_site_packages_are_invisible():
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(REPO)
     code = f"""
         import os, sys
         def listing(path):
@@ -1058,7 +1058,7 @@ def test_sample_dies_with_the_scorer_on_kill_9():
         print('started', flush=True)
         run_sample(solution, TestProgram('', 'wait()\\n', ('wait',)), Limits(timeout_s=600))
     """)
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = REPO / "src"
     scorer = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(src)},
                               stdout=subprocess.PIPE)
     assert scorer.stdout.readline().strip() == b"started"

@@ -9,12 +9,12 @@ import sys
 import time
 import types
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import SHARED_DATA as DATA  # noqa: E402
+from conftest import TEST_DATA  # noqa: E402
 from tokenflip.run.benchmarks import (
     MATH_SYSTEM_PROMPT,
     BenchmarkError,
@@ -130,7 +130,7 @@ def test_last_boxed(text, expected):
 
 # --- equivalence: math-verify, checked against a careful human judge ----------------------------
 
-REWRITES = yaml.safe_load((Path(__file__).parent / "data" / "math500_rewrites.yaml").read_text(encoding="utf-8"))
+REWRITES = yaml.safe_load((TEST_DATA / "math500_rewrites.yaml").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")

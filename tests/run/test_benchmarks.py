@@ -6,12 +6,12 @@ import json
 import re
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import SHARED_DATA as DATA  # noqa: E402
+from conftest import TEST_DATA  # noqa: E402
 from tokenflip.run.benchmarks import (
     BENCHMARKS,
     MATH_SYSTEM_PROMPT,
@@ -69,7 +69,7 @@ def test_extract_answer(text, expected):
 
 # --- GSM8K against lm-evaluation-harness and a careful judge ------------------------------------
 
-GSM8K_CASES = yaml.safe_load((Path(__file__).parent / "data" / "gsm8k_completions.yaml").read_text(encoding="utf-8"))
+GSM8K_CASES = yaml.safe_load((TEST_DATA / "gsm8k_completions.yaml").read_text(encoding="utf-8"))
 # Where the scorer and the judge differ, and why (every other case agrees).
 JUDGE_DIFFERS = {
     # The stop "Question:" is lm-eval's; inside the model's own reasoning ("Follow-up

@@ -9,19 +9,18 @@ import dataclasses
 import gzip
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pytest
 import yaml
 
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, TEST_DATA
 from tokenflip.analysis import compare
 from tokenflip.run.benchmarks import HumanEvalBenchmark, build_benchmark
 
 HUMANEVAL = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
-CASES = yaml.safe_load((Path(__file__).parent / "data" / "humaneval_official.yaml").read_text(encoding="utf-8"))
+CASES = yaml.safe_load((TEST_DATA / "humaneval_official.yaml").read_text(encoding="utf-8"))
 OFFICIAL = {"passed": "passed", "failed": "failed", "timed out": "timeout"}
 # Where tokenflip's verdict differs from the official harness's, and why.
 DIFFERS = {

@@ -7,7 +7,7 @@ lands in test-artifacts/report.png.
 
 The run directory is built in-process, job by job, with the command the Snakemake rules
 run (`tokenflip.cli.main.main`: prepare-model, generate, compare, probe, summarize, report) on a
-tiny random Llama with tests/test_workflow.py's configuration (longer answers, so that some
+tiny random Llama with tests/system/test_workflow.py's configuration (longer answers, so that some
 prompts diverge). About 40 s on two cores, a few of them Chromium's.
 
 Chromium: $CHROMIUM or `chromium` on PATH (`bash .ci/system-packages.sh` installs Debian's);
@@ -36,6 +36,7 @@ import pytest
 import yaml
 from test_workflow import MODEL_A, _Rates, write_config
 
+from conftest import REPO
 from tokenflip.report import _fmt
 
 pytestmark = pytest.mark.slow
@@ -585,7 +586,7 @@ def large_report(tmp_path_factory) -> dict[str, Any]:
 
     from tokenflip.report import render
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
+    sys.path.insert(0, str(REPO / "perf"))
     import report_scale
 
     root = tmp_path_factory.mktemp("large-report")
@@ -973,7 +974,7 @@ def hostile_report(tmp_path_factory) -> dict[str, Any]:
     from tokenflip.core import storage
     from tokenflip.report import render
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
+    sys.path.insert(0, str(REPO / "perf"))
     import report_scale
 
     root = tmp_path_factory.mktemp("hostile-report")
@@ -994,7 +995,7 @@ def hostile_report(tmp_path_factory) -> dict[str, Any]:
 
 def test_a_reports_csv_files_open_in_a_spreadsheet_as_text(hostile_report):
     """No browser needed: every CSV beside the report, opened as a spreadsheet opens it
-    (tests/test_exports.py: each field into an openpyxl cell, a number where it reads as
+    (tests/report/test_exports.py: each field into an openpyxl cell, a number where it reads as
     one), has no formula, and the completions read as written."""
     from test_exports import _formulas, _spreadsheet
 
