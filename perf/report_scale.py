@@ -316,7 +316,8 @@ DRILL_PROBE = """new Promise(done => {
 def browser_checks(report: Path, shot: Path, width: int = 1400) -> dict[str, Any]:
     """Load the report in headless Chromium: errors, requests, interaction times, drill-down,
     and a screenshot of the overview."""
-    sys.path.insert(0, str(REPO / "tests"))
+    # the report test's helpers, and the ones they import from the workflow test and conftest
+    sys.path[:0] = [str(REPO / "tests" / "report"), str(REPO / "tests" / "system"), str(REPO / "tests")]
     from test_report_browser import DevTools, find_chromium, open_page, page_problems
 
     profile = Path(tempfile.mkdtemp(prefix="report-scale-chromium-"))

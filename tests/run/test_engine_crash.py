@@ -9,10 +9,12 @@ from __future__ import annotations
 import ctypes
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from conftest import SMOLLM2, tiny_study, write_yaml
+from conftest import REPO, SMOLLM2, tiny_study, write_yaml
 from tokenflip.core.cpu_flags import cpu_flags, cpu_model, kernel_flags
 from tokenflip.run import engines
 from tokenflip.run.engines.worker import EngineCrash, WorkerError, isolated
@@ -36,6 +38,19 @@ def _exit(code):
     sys.exit(code)
 
 
+class _TwoArgumentError(Exception):
+    def __init__(self, what, why):
+        super().__init__(f"{what}: {why}")
+
+
+def _raise_unloadable():
+    raise _TwoArgumentError("x", "y")  # pickles, but cannot be made again from its args
+
+
+def _unpicklable_result():
+    return lambda: None
+
+
 def test_the_child_hands_back_its_result():
     assert isolated(_double, (21,), what="engine 'x'") == 42
 
@@ -49,6 +64,54 @@ def test_a_child_that_exits_without_a_result_names_its_exit_code():
     with pytest.raises(WorkerError, match=r"engine 'x': the engine's process ended with exit code 3 and handed back "
                                           r"nothing"):
         isolated(_exit, (3,), what="engine 'x'")
+
+
+def test_what_cannot_be_handed_back_fails_with_its_reason_and_leaves_nothing_behind(capfd):
+    with pytest.raises(WorkerError, match=r"engine 'x': the engine's process failed and its error could not be read "
+                                          r"back \(TypeError: .*\); its traceback is in this job's log above"):
+        isolated(_raise_unloadable, (), what="engine 'x'")
+    assert "_TwoArgumentError: x: y" in capfd.readouterr().err  # the child's traceback, in the log
+    with pytest.raises(WorkerError, match=r"^the engine's result could not be handed back \((PicklingError|"
+                                          r"AttributeError): "):
+        isolated(_unpicklable_result, (), what="engine 'x'")
+
+
+def _descendants(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in (task / "children").read_text().split():
+            out |= {int(child)} | _descendants(int(child))
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_the_engine_process_ends_with_its_job():
+    """A job killed outright (SIGKILL: its scheduler gone, a cluster's time limit) takes its
+    engine's process with it, instead of leaving it to burn its cores to the end."""
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from tokenflip.run.engines.worker import isolated; "
+            "isolated(time.sleep, (300,), what='x')")
+    job = subprocess.Popen([sys.executable, "-c", code, str(REPO / "src")])
+    engine = set()
+    deadline = time.monotonic() + 60
+    while not engine and time.monotonic() < deadline:
+        time.sleep(0.5)
+        engine = {pid for pid in _descendants(job.pid)
+                  if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="ignore")}
+    assert engine, "the engine's process did not start"
+    time.sleep(2)  # past its start: the parent-death signal is set
+    job.kill()
+    job.wait()
+    deadline = time.monotonic() + 30
+    while not all(map(_gone, engine)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(map(_gone, engine))
 
 
 def test_a_segfault_is_a_crash_naming_the_signal_the_engine_its_build_and_the_cpu():

@@ -176,7 +176,7 @@ def model_size(name: str, spec: dict[str, Any], models_dir: Path) -> ModelSize |
 
 def random_model_config(spec: dict[str, Any]) -> dict[str, Any]:
     """The transformers config fields a random model is built from: its architecture's
-    defaults, then the config's overrides (as `models.build_model` merges them)."""
+    defaults, then the config's overrides (as `models.prepare.build_model` merges them)."""
     from tokenflip.models.prepare import TINY_ARCHITECTURES  # imports torch: only for configs with a random model
 
     return {**TINY_ARCHITECTURES[spec["architecture"]], **spec.get("overrides", {})}

@@ -13,7 +13,7 @@ wraps, so none shadows it.
 - `vllm`: the prepared model through vLLM's offline `LLM` API, in vLLM's own environment,
   with its scheduler's knobs as axes;
 - an endpoint: a live OpenAI-compatible server the config names under `endpoints`
-  (`openai_endpoint`), an engine made from its entry, under the load the cell's axes set.
+  (`endpoint/`), an engine made from its entry, under the load the cell's axes set.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class DecodedBatch:
 
 @dataclass
 class Decoded:
-    """What an engine hands the cell runner: its decoded batches (`cell_output.DecodedBatch`,
+    """What an engine hands the cell runner: its decoded batches (`DecodedBatch`,
     scored by the runner) and the tokenizer that reads them, the ids that end and pad a
     sequence, where tokenflip's own process computed (its environment is recorded), and the
     engine's own record: `model`, `cache_form`, `engine` (what it ran, as it resolved it), and

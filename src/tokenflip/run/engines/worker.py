@@ -93,20 +93,41 @@ def call(interpreter: str | Path, worker: Path, request: dict[str, Any], env: di
             raise WorkerError(f"{what}: the worker's response is not JSON ({exc})") from None
 
 
-def _run_child(target: Callable[..., Any], args: tuple, out: str) -> None:
-    """In the child: the target's result, or the exception it raised, pickled to `out`."""
+def _die_with_parent(parent: int) -> None:
+    """The engine's process never outlives its job: the kernel kills it when the job's
+    process ends, however it ends (its scheduler gone, SIGKILL, a test's timeout). Linux's
+    prctl(PR_SET_PDEATHSIG); elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the job ended before the request took effect
+            os._exit(1)
+
+
+def _run_child(target: Callable[..., Any], args: tuple, out: str, parent: int) -> None:
+    """In the child: the target's result, or the exception it raised, pickled to `out`; the
+    traceback of an exception goes to this job's log from here, so it is there whatever the
+    parent can read back."""
+    _die_with_parent(parent)
     try:
         outcome: tuple = ("result", target(*args))
     except Exception as exc:  # handed to the parent, which raises it there
-        outcome = ("error", exc, traceback.format_exc())
+        traceback.print_exc(file=sys.stderr)
+        outcome = ("error", exc)
     partial = out + ".partial"
     with open(partial, "wb") as fh:
         try:
             pickle.dump(outcome, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # an exception that does not pickle: its text still does
+        except Exception as exc:  # what does not pickle: its description still does
             fh.seek(0)
             fh.truncate()
-            pickle.dump(("error", WorkerError(f"{type(exc).__name__}: {exc}"), outcome[-1]), fh)
+            kind = "error" if outcome[0] == "error" else "result"
+            pickle.dump(("error", WorkerError(f"the engine's {kind} could not be handed back "
+                                              f"({type(exc).__name__}: {exc})")), fh)
     os.replace(partial, out)
 
 
@@ -119,18 +140,26 @@ def isolated(target: Callable[..., Any], args: tuple, what: str, build: Callable
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="tokenflip-engine-") as tmp:
         out = os.path.join(tmp, "outcome.pickle")
-        child = context.Process(target=_run_child, args=(target, args, out), name=f"tokenflip {what}")
+        child = context.Process(target=_run_child, args=(target, args, out, os.getpid()),
+                                name=f"tokenflip {what}")
         child.start()
-        child.join()
+        try:
+            child.join()
+        finally:  # interrupted here (Ctrl-C, an error): the engine's process goes too
+            if child.is_alive():
+                child.kill()
+                child.join()
         if child.exitcode is not None and child.exitcode < 0:
             raise EngineCrash(_crash_message(what, child.exitcode, build))
         if not os.path.exists(out):
             raise WorkerError(f"{what}: the engine's process ended with {exit_status(child.exitcode)} and "
                               f"handed back nothing; its own output is in this job's log above")
-        with open(out, "rb") as fh:
-            outcome = pickle.load(fh)
+        try:
+            with open(out, "rb") as fh:
+                outcome = pickle.load(fh)
+        except Exception as exc:  # an exception class that pickles but does not load back
+            raise WorkerError(f"{what}: the engine's process failed and its error could not be read back "
+                              f"({type(exc).__name__}: {exc}); its traceback is in this job's log above") from None
     if outcome[0] == "error":
-        exc = outcome[1]
-        print(f"{what}: in the engine's process:\n{outcome[2]}", file=sys.stderr)
-        raise exc
+        raise outcome[1]
     return outcome[1]

@@ -4,15 +4,15 @@ Per generation cell and in total: prompts, generated tokens, the token positions
 forward passes process (with the cache, each prompt is prefilled once and then one
 position per step; without it every step reprocesses the whole sequence, so the positions
 grow with the square of the generation), the weight bytes read, and the time, from
-`cost_model` on a GPU (`--device gpu`, the default: GPU-hours of the generation and probe
+`cost.model` on a GPU (`--device gpu`, the default: GPU-hours of the generation and probe
 jobs) or from a short calibration of the study's own models on this machine (`--device
 cpu`: CPU-hours of every job, the scheduler's included). Probe jobs are priced by the
-replays they run. Which figures are bounds, and in which direction: `cost_model`.
+replays they run. Which figures are bounds, and in which direction: `cost.model`.
 
 Prompt lengths are the tokenizer's (the `check_prompts` records, their longest prompt; on
 a calibrated CPU every prompt through the tokenizer) when the run has them, else estimated
 from the prompt text at 4 characters a token. Model sizes come from the checkpoint's
-configuration (`model_size`).
+configuration (`models.size`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ scheduler's knobs as axes, each honoured by vLLM itself:
   (`VLLM_CPU_OMP_THREADS_BIND`), taken from the job's own CPU set.
 
 vLLM pins its own torch and transformers, so it runs in an environment of its own
-(`make vllm`), through the out-of-process engines' protocol (`worker`): `vllm_worker.py`
+(`make vllm`), through the out-of-process engines' protocol (`run.engines.worker`): `vllm_offline/worker.py`
 returns ids and each step's top-k raw logits (`logprobs_mode="raw_logits"`, so logits and
 margins mean what they mean in the other engines). vLLM returns only the top-k, so the
 full-vocabulary log-sum-exp and entropy are recorded as NaN.

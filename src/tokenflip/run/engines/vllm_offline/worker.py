@@ -3,7 +3,7 @@ transformers, so it cannot share tokenflip's). It imports only the standard libr
 vLLM: tokenflip's process prepares the prompt ids, reads back what this writes, scores and
 writes the cell, so scoring never depends on which engine ran.
 
-    <vllm-env>/bin/python vllm_worker.py REQUEST.json RESPONSE.json
+    <vllm-env>/bin/python -I vllm_offline/worker.py REQUEST.json RESPONSE.json
 
 The request names the prepared model directory, vLLM's engine arguments, the environment
 variables that select its kernels, the prompt ids and the sampling parameters; the response
@@ -33,7 +33,7 @@ def _distribution() -> tuple[str, str]:
             return name, importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-    raise SystemExit(f"vllm_worker: none of {DISTRIBUTIONS} is installed in {sys.prefix}")
+    raise SystemExit(f"vllm_offline/worker.py: none of {DISTRIBUTIONS} is installed in {sys.prefix}")
 
 
 def _build_digest(name: str) -> str:
