@@ -142,14 +142,18 @@ def load(path: str | Path, **settings):
     return llm
 
 
-def build_flags() -> str:
-    """The build as a crash report names it: the package's version, ggml's features for this
-    CPU, and the repacking setting."""
+def system_info() -> str:
+    """ggml's features as this build runs them on this CPU (`llama_print_system_info`)."""
     import llama_cpp
 
     info = llama_cpp.llama_print_system_info()
-    info = info.decode() if isinstance(info, bytes) else str(info)
-    return (f"{LLAMA_CPP_PACKAGE} {importlib.metadata.version(LLAMA_CPP_PACKAGE)}, {info.strip()}, "
+    return info.decode() if isinstance(info, bytes) else str(info)
+
+
+def build_flags() -> str:
+    """The build as a crash report names it: the package's version, ggml's features for this
+    CPU, and the repacking setting."""
+    return (f"{LLAMA_CPP_PACKAGE} {importlib.metadata.version(LLAMA_CPP_PACKAGE)}, {system_info().strip()}, "
             f"weight repacking off")
 
 
@@ -190,9 +194,8 @@ class LlamaCpp:
 
     def describe(self) -> dict[str, Any]:
         """The engine as recorded in a cell's provenance: versions, build features, settings."""
-        info = self._lib.llama_print_system_info()
         return {"name": LLAMA_CPP, "package": {LLAMA_CPP_PACKAGE: importlib.metadata.version(LLAMA_CPP_PACKAGE)},
-                "system_info": info.decode() if isinstance(info, bytes) else str(info),
+                "system_info": system_info(),
                 "build_sha256": build_digest(),
                 # read back from llama.cpp's context, not the value handed to it
                 "n_ctx": int(self.llm.n_ctx()), "n_batch": int(self.llm.n_batch),

@@ -125,8 +125,7 @@ def _run_child(target: Callable[..., Any], args: tuple, out: str, parent: int) -
         except Exception as exc:  # what does not pickle: its description still does
             fh.seek(0)
             fh.truncate()
-            kind = "error" if outcome[0] == "error" else "result"
-            pickle.dump(("error", WorkerError(f"the engine's {kind} could not be handed back "
+            pickle.dump(("error", WorkerError(f"the engine's {outcome[0]} could not be handed back "
                                               f"({type(exc).__name__}: {exc})")), fh)
     os.replace(partial, out)
 
