@@ -13,11 +13,13 @@ import shlex
 
 from conftest import REPO
 
-LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
+# A Markdown link: its target (empty for one on the same page) and its anchor, if any.
+LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)")
 
 
 def _local_links(path):
-    return [m.group(1) for m in LINK.finditer(path.read_text(encoding="utf-8")) if "://" not in m.group(1)]
+    return [m.group(1) for m in LINK.finditer(path.read_text(encoding="utf-8"))
+            if m.group(1) and "://" not in m.group(1)]
 
 
 def test_every_docs_page_is_linked_from_the_readme():
@@ -34,7 +36,6 @@ def test_no_local_link_leads_nowhere():
 
 DOC_PAGES = [REPO / "README.md", REPO / "config" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.M)
-ANCHOR_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
 
 
 def github_anchor(heading: str) -> str:
@@ -65,8 +66,8 @@ def test_github_anchors_are_made_as_github_makes_them():
 def test_every_link_anchor_names_a_heading_of_its_page():
     broken = []
     for page in DOC_PAGES:
-        for target, anchor in ANCHOR_LINK.findall(page.read_text(encoding="utf-8")):
-            if "://" in target:
+        for target, anchor in LINK.findall(page.read_text(encoding="utf-8")):
+            if not anchor or "://" in target:
                 continue
             linked = (page.parent / target) if target else page
             if linked.suffix == ".md" and anchor not in anchors(linked):

@@ -43,7 +43,7 @@ class RunLayout:
 
     @property
     def cells_dir(self) -> str:
-        return self._path("results", self.run, "cells")
+        return str(cells_dir_of(self.results))
 
     def cell(self, cell_id: str) -> str:
         """The cell file of `cell_id` (model/benchmark/name)."""
@@ -65,10 +65,10 @@ class RunLayout:
 
     @property
     def summary_dir(self) -> str:
-        return self._path("results", self.run, "summary")
+        return str(summary_dir_of(self.results))
 
     def summary(self, table: str) -> str:
-        return f"{self.summary_dir}/{table}.parquet"
+        return str(summary_of(self.results, table))
 
     # --- reports/{run} ----------------------------------------------------------------
     @property
@@ -128,9 +128,14 @@ def cells_dir_of(results_dir: str | Path) -> Path:
     return Path(results_dir) / "cells"
 
 
+def summary_dir_of(results_dir: str | Path) -> Path:
+    """The summary folder of a run's results directory wherever it lies."""
+    return Path(results_dir) / "summary"
+
+
 def summary_of(results_dir: str | Path, table: str) -> Path:
     """A summary table of a run's results directory wherever it lies (`gate`)."""
-    return Path(results_dir) / "summary" / f"{table}.parquet"
+    return summary_dir_of(results_dir) / f"{table}.parquet"
 
 
 def gate_junit_of(results_dir: str | Path) -> Path:

@@ -15,6 +15,7 @@ from tokenflip.run.interventions import is_no_intervention
 
 if TYPE_CHECKING:
     from tokenflip.run.benchmarks.base import Item
+    from tokenflip.run.decode import BatchResult
 
 
 def grid_values(grid: dict[str, Any], axis: str, defaults: dict[str, Any]) -> list[Any]:
@@ -23,12 +24,12 @@ def grid_values(grid: dict[str, Any], axis: str, defaults: dict[str, Any]) -> li
 
 @dataclass
 class DecodedBatch:
-    """One batch as an engine decoded it: its items, their prompt ids, the generations (a
-    `decode.BatchResult`), and the CPU seconds the engine spent on it."""
+    """One batch as an engine decoded it: its items, their prompt ids, the generations, and
+    the CPU seconds the engine spent on it."""
 
     items: list[Item]
     prompts: list[list[int]]
-    result: Any
+    result: BatchResult
     cpu_seconds: float
 
 
