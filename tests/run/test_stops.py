@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_decode import _stop_inside
 
-from conftest import SHARED_DATA, tiny_study
+from conftest import SHARED_DATA, TEST_DATA, tiny_study
 from tokenflip.analysis.compare import compare_files
 from tokenflip.core.layout import RunLayout
 from tokenflip.models.prepare import load_tokenizer
@@ -34,6 +34,8 @@ DEFAULTS = {
     ("arithmetic", "chat"): [],
     ("onestep", "bare"): ["Question:"],
     ("onestep", "chat"): [],
+    ("prompts", "bare"): [],                                        # a user's own text has no turns to stop at
+    ("prompts", "chat"): [],
 }
 MINIMAL = {
     "gsm8k": {"source": {"path": str(SHARED_DATA / "gsm8k" / "test.jsonl")}},
@@ -42,6 +44,7 @@ MINIMAL = {
     "math500": {"source": {"path": str(SHARED_DATA / "math500" / "test.jsonl")}},
     "arithmetic": {},
     "onestep": {},
+    "prompts": {"source": {"path": str(TEST_DATA / "prompts.jsonl")}},
 }
 
 

@@ -31,6 +31,7 @@ from tokenflip.run.benchmarks.math500 import Math500Benchmark
 from tokenflip.run.benchmarks.math_equiv import MathAnswer, find_math_answer, last_boxed, math_equal
 from tokenflip.run.benchmarks.mbpp import MBPPBenchmark
 from tokenflip.run.benchmarks.onestep import OneStepBenchmark
+from tokenflip.run.benchmarks.prompts_file import PromptsFileBenchmark
 from tokenflip.run.benchmarks.sources import Source, parse_source
 from tokenflip.run.sandbox import ExecutionResult, Layers, Limits, available_layers, run_program
 
@@ -48,6 +49,7 @@ __all__ = [
     "HumanEvalBenchmark",
     "MBPPBenchmark",
     "Math500Benchmark",
+    "PromptsFileBenchmark",
     "BENCHMARKS",
     "COMMON_SPEC_SCHEMA",
     "SOURCE_SCHEMA",
@@ -77,6 +79,7 @@ BENCHMARKS: Registry[type[Benchmark]] = Registry("benchmark kind", [
     HumanEvalBenchmark,
     MBPPBenchmark,
     Math500Benchmark,
+    PromptsFileBenchmark,
 ], key="kind")
 
 

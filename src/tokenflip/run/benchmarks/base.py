@@ -37,7 +37,8 @@ class Score:
     """How one completion scored: the answer found (normalised; for code, the code run), the
     rule that found it (one of the kind's `answer_rules`), whether it is correct (None when
     it could not be decided: a sandbox failure is not the model's failure) and the verdict:
-    correct | wrong | no_answer, or for code passed | failed | timeout | no_code | sandbox_error."""
+    correct | wrong | no_answer, or for code passed | failed | timeout | no_code | sandbox_error,
+    or not_scored where the benchmark has no answers to score (correct None: no accuracy)."""
 
     extracted: str | None
     correct: bool | None
@@ -45,7 +46,7 @@ class Score:
     verdict: str
 
 
-VERDICTS = ("correct", "wrong", "no_answer", "passed", "failed", "timeout", "no_code", "sandbox_error")
+VERDICTS = ("correct", "wrong", "no_answer", "passed", "failed", "timeout", "no_code", "sandbox_error", "not_scored")
 
 
 # Keys every benchmark entry of a config takes, whatever its kind.

@@ -1,8 +1,9 @@
-"""Where a benchmark's records come from: the Hugging Face hub, a local JSONL/JSON/Parquet
+"""Where a benchmark's records come from: the Hugging Face hub, a local JSONL/JSON/CSV/Parquet
 file, or a data file shipped in an installed package; one loader and one error for all."""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import io
@@ -17,7 +18,8 @@ from tokenflip.core.literals import literal_problems
 from tokenflip.models.hub import hub_id_problem
 from tokenflip.run.benchmarks.errors import BenchmarkError
 
-__all__ = ["Source", "parse_source", "check_local", "load_records", "HUB_KEYS", "PATH_KEYS", "PACKAGE_KEYS"]
+__all__ = ["Source", "parse_source", "check_local", "load_records", "located_records", "HUB_KEYS", "PATH_KEYS",
+           "PACKAGE_KEYS"]
 
 # The most a data file may hold, decompressed: benchmark files are a few MiB (GSM8K's train
 # split, the largest read here, is 4 MiB), so a bigger one (a gzip bomb) is refused before
@@ -156,7 +158,9 @@ def _read_parquet(path: Path, label: str) -> list[dict]:
     return pq.read_table(io.BytesIO(raw)).to_pylist()
 
 
-def _read_file(where: str, path: Path, label: str) -> list[dict]:
+def _read_file(where: str, path: Path, label: str) -> list[tuple[str, Any]]:
+    """The file's records, each with where it is in the file ("line 7" of JSON lines or CSV,
+    "row 3" of Parquet, "record 2" of a JSON array), so that an error can point at it."""
     name = path.name.lower().removesuffix(".gz")
     try:
         if name.endswith(".parquet"):
@@ -170,36 +174,84 @@ def _read_file(where: str, path: Path, label: str) -> list[dict]:
         # and Parquet that pyarrow cannot read.
         raise BenchmarkError(f"{where}: cannot read {label} (corrupt or truncated?): {type(e).__name__}: {e}") from e
     if name.endswith(".parquet"):
-        return _mappings(where, label, rows)
+        return [(f"row {index}", row) for index, row in enumerate(rows)]
+    if name.endswith(".csv"):
+        return _csv_records(where, label, text)
     if name.endswith(".json"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BenchmarkError(f"{where}: bad JSON in {label}: {e}") from e
-        if isinstance(data, dict):
-            data = next((v for k, v in data.items() if k in ("data", "rows", "records")), None)
-        if not isinstance(data, list):
-            raise BenchmarkError(f"{where}: {label} holds no list of records")
-        return _mappings(where, label, data)
+        data = _json_document(where, label, text)
+        if data is not None:
+            return [(f"record {index}", record) for index, record in enumerate(data)]
     records = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # Split at "\n" only: `splitlines` also splits at U+2028 and other breaks that JSON
+    # strings may hold as they are, which would cut a record in two.
+    for lineno, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                records.append((f"line {lineno}", json.loads(line)))
             except json.JSONDecodeError as e:
-                raise BenchmarkError(f"{where}: bad JSON in {label}:{lineno}: {e}") from e
-    return _mappings(where, label, records)
-
-
-def _mappings(where: str, label: str, records: list) -> list[dict]:
-    """The records, if each one is a JSON object (a bare string or number is no record) whose
-    strings UTF-8 can encode (JSON's "\ud800" is a lone surrogate no tokenizer takes)."""
-    for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise BenchmarkError(f"{where}: record {index} of {label} is not an object: {str(record)[:80]!r}")
-        for problem in literal_problems(record):
-            raise BenchmarkError(f"{where}: record {index} of {label}: {problem}")
+                raise BenchmarkError(f"{where}: {label} line {lineno}: bad JSON: {e}") from e
     return records
+
+
+def _json_document(where: str, label: str, text: str) -> list | None:
+    """The records of a .json file holding one JSON document (a list, or a mapping with its
+    list under data/rows/records), or None for JSON lines (what `datasets` writes to .json)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if text.lstrip().startswith("["):
+            raise BenchmarkError(f"{where}: bad JSON in {label}: {e}") from e
+        return None  # JSON lines, or bad JSON that the line reader names by its line
+    if isinstance(data, dict):
+        found = next((v for k, v in data.items() if k in ("data", "rows", "records")), None)
+        if isinstance(found, list):
+            return found
+        if "\n" not in text.strip():
+            return None  # one record on one line
+    if not isinstance(data, list):
+        raise BenchmarkError(f"{where}: {label} holds no list of records")
+    return data
+
+
+def _csv_records(where: str, label: str, text: str) -> list[tuple[str, dict]]:
+    """The rows of a CSV file as records keyed by its header (line 1), each with the line it
+    starts on; an empty cell is a missing value, a blank line no record."""
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
+    limit = csv.field_size_limit(MAX_DATA_BYTES)  # the default, 128 KiB, is less than a long prompt
+    try:
+        header = next(reader, None)
+        if not header:
+            raise BenchmarkError(f"{where}: {label} line 1: no header row naming the columns")
+        for column in header:
+            if not column.strip() or header.count(column) > 1:
+                raise BenchmarkError(f"{where}: {label} line 1: column names must be non-empty and distinct, "
+                                     f"got {header}")
+        records, start = [], reader.line_num + 1
+        for row in reader:
+            if row:
+                if len(row) != len(header):
+                    raise BenchmarkError(f"{where}: {label} line {start}: {len(row)} fields, the header has "
+                                         f"{len(header)}")
+                records.append((f"line {start}", {key: value for key, value in zip(header, row) if value != ""}))
+            start = reader.line_num + 1
+        return records
+    except csv.Error as e:
+        raise BenchmarkError(f"{where}: {label} line {reader.line_num}: bad CSV: {e}") from e
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _mappings(where: str, label: str, records: list[tuple[str, Any]], located: bool = False) -> list[dict]:
+    """The records, if each one is a JSON object (a bare string or number is no record) whose
+    strings UTF-8 can encode (JSON's "\ud800" is a lone surrogate no tokenizer takes).
+    `located`: errors name the record by its place in the file ("line 7") instead of its index."""
+    for index, (location, record) in enumerate(records):
+        named = f"{label} {location}" if located else f"record {index} of {label}"
+        if not isinstance(record, dict):
+            raise BenchmarkError(f"{where}: {named} is not an object: {str(record)[:80]!r}")
+        for problem in literal_problems(record):
+            raise BenchmarkError(f"{where}: {named}: {problem}")
+    return [record for _, record in records]
 
 
 def _load_hub(where: str, source: Source) -> list[dict]:
@@ -216,13 +268,25 @@ def _load_hub(where: str, source: Source) -> list[dict]:
         ) from e
 
 
+def _located(where: str, source: Source) -> tuple[str, list[tuple[str, Any]]]:
+    if source.path is not None:
+        check_local(where, source)
+        return str(source.path), _read_file(where, source.path, str(source.path))
+    if source.package is not None:
+        check_local(where, source)
+        return source.label(), _read_file(where, source.package_file(), source.label())
+    return source.label(), [(f"row {index}", record) for index, record in enumerate(_load_hub(where, source))]
+
+
 def load_records(where: str, source: Source) -> list[dict]:
     """All records of the source, in order; any failure is one BenchmarkError naming `where`
     and the source tried."""
-    if source.path is not None:
-        check_local(where, source)
-        return _read_file(where, source.path, str(source.path))
-    if source.package is not None:
-        check_local(where, source)
-        return _read_file(where, source.package_file(), source.label())
-    return _load_hub(where, source)
+    label, records = _located(where, source)
+    return _mappings(where, label, records)
+
+
+def located_records(where: str, source: Source) -> list[tuple[str, dict]]:
+    """`load_records`, each record with its place in the source: "line 7" (JSON lines, CSV
+    with its header as line 1), "row 3" (Parquet, the hub) or "record 2" (a JSON array)."""
+    label, records = _located(where, source)
+    return list(zip([location for location, _ in records], _mappings(where, label, records, located=True)))
