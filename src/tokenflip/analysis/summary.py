@@ -39,8 +39,8 @@ from tokenflip.core.specs import Cell, Pair
 from tokenflip.run.interventions import no_intervention_labels
 from tokenflip.study.plan import cell_job, expand_cells, expand_pairs, probe_job, probe_targets
 
-BASE_TABLES = ("cells", "pairs", "first_divergence", "still_identical", "repeats", "diverged", "interventions",
-               "environment")
+BASE_TABLES = ("cells", "pairs", "first_divergence", "still_identical", "repeats", "diverged", "texts",
+               "interventions", "environment")
 # What the summary keeps of each diverged prompt: where it parted, both margins there, the
 # label of why (`causes`), where the streams came together again, and whether the answers agree.
 FIRST_DIV_FIELDS = ["first_div_step", "margin_a_at_div", "margin_b_at_div", "cause", "rejoin_step", "same_answer"]
@@ -350,6 +350,7 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
                                         columns=STILL_IDENTICAL_COLUMNS),
         "repeats": pd.DataFrame(repeat_rows(planned_cells, metas), columns=REPEAT_COLUMNS),
         "diverged": diverged,
+        "texts": texts.prompt_texts_frame(config, planned_cells, metas, layout.cell),
         "interventions": pd.DataFrame(intervention_rows(config, agreement, cells_df, metas, planned_pairs)),
         "environment": pd.DataFrame(environment_rows(metas), columns=["kind", "name", "json"]),
         **probe_frames(config, layout, checked, planned_pairs),

@@ -1,9 +1,11 @@
 """Completions as text, for the summary: which were cut at max_new_tokens, which pairs
-"agree" only by both giving no answer, and the diverged prompts: per pair and prompt, both
-completions split at the first differing token (common prefix once, each side's token, each side's rest) with that step's
-top-k candidates and logits on both sides, for the report and `tables/diverged.csv`.
+"agree" only by both giving no answer, what a user's own prompts got (`prompt_texts_frame`:
+the texts the cells stored), and the diverged prompts: per pair and prompt, both completions
+split at the first differing token (common prefix once, each side's token, each side's rest)
+with that step's top-k candidates and logits on both sides, for the report and
+`tables/diverged.csv`.
 
-The text is the prepared tokenizer's decoding of the token ids the cells stored (the
+The diverged texts are the prepared tokenizer's decoding of the token ids the cells stored (the
 decoding the cells scored), never a re-tokenisation of text; the tokenizer is used only if
 its digest is the one the cells recorded.
 """
@@ -19,10 +21,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokenflip.core import storage
-from tokenflip.core.specs import Pair
+from tokenflip.core.specs import Cell, Pair
 
 CELL_COLUMNS = ["prompt_id", "token_ids", "top_ids", "top_logits", "margin", "finish_reason", "correct",
                 "verdict", "extracted", "text"]
+
+# Characters of a prompt and of a completion the `texts` table keeps: a user's prompt may be
+# a whole document, and the summary is read whole by the report; the cell file holds all.
+TEXT_CHARS = 2000
+PROMPT_TEXT_COLUMNS = ["model", "benchmark", "engine", "precision", "cell_id", "prompt_index", "prompt_id", "prompt",
+                       "prompt_cut", "completion", "completion_cut", "finish_reason", "n_tokens"]
 
 # Each side's text is stored once, whole; `prefix_chars` (the common prefix's length in
 # characters) and the differing tokens' texts split it: prefix = text_a[:prefix_chars],
@@ -190,3 +198,44 @@ def diverged_frame(pairs: list[Pair], first_div: pd.DataFrame, layout: Any, cell
             continue
         rows += pair_diverged(pair, prompts, layout.cell(pair.a.id), layout.cell(pair.b.id), decode)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _bounded(text: str | None) -> tuple[str, bool]:
+    """The text up to TEXT_CHARS, and whether it was cut there."""
+    text = text or ""
+    return text[:TEXT_CHARS], len(text) > TEXT_CHARS
+
+
+def prompt_texts_frame(config: dict[str, Any], cells: list[Cell], cell_metas: dict[str, dict],
+                       cell_path: Callable[[str], str]) -> pd.DataFrame:
+    """What a user's own prompts (benchmarks of kind `prompts`) got, shown even where nothing
+    diverged: per prompt, its text as the user wrote it (a conversation's last turn, from the
+    benchmark's data, which the summary checked is the data the cells were made from) and the
+    completion of each engine's default cell: a usable cell whose every axis but engine and
+    precision is at its plain setting (`plan.at_defaults`: cache on, batch size 1, greedy, no
+    intervention, each further axis at its default, a first run). Texts cut at TEXT_CHARS."""
+    from tokenflip.run.benchmarks import build_benchmark
+    from tokenflip.run.benchmarks.prompts_file import PromptsFileBenchmark
+    from tokenflip.study.plan import at_defaults
+
+    rows: list[dict[str, Any]] = []
+    prompts: dict[str, dict[str, str]] = {}
+    for cell in cells:
+        spec = config["benchmarks"][cell.benchmark]
+        if (spec.get("kind") != PromptsFileBenchmark.kind or cell.id not in cell_metas
+                or not at_defaults(config, cell, ("engine", "precision"))):
+            continue
+        if cell.benchmark not in prompts:
+            prompts[cell.benchmark] = {item.id: item.question
+                                       for item in build_benchmark(cell.benchmark, spec).items()}
+        table, _ = storage.read_table(cell_path(cell.id), columns=["prompt_index", "prompt_id", "text",
+                                                                    "finish_reason", "n_tokens"], kind="cell")
+        for rec in table.to_pylist():
+            prompt, prompt_cut = _bounded(prompts[cell.benchmark].get(rec["prompt_id"]))
+            completion, completion_cut = _bounded(rec["text"])
+            rows.append({"model": cell.model, "benchmark": cell.benchmark, "engine": str(cell.engine),
+                         "precision": cell.precision, "cell_id": cell.id, "prompt_index": rec["prompt_index"],
+                         "prompt_id": rec["prompt_id"], "prompt": prompt, "prompt_cut": prompt_cut,
+                         "completion": completion, "completion_cut": completion_cut,
+                         "finish_reason": rec["finish_reason"], "n_tokens": rec["n_tokens"]})
+    return pd.DataFrame(rows, columns=PROMPT_TEXT_COLUMNS)

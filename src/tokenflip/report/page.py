@@ -11,6 +11,7 @@ import jinja2
 import pandas as pd
 
 from tokenflip.analysis.causes import CAUSE_WORDS
+from tokenflip.analysis.texts import TEXT_CHARS
 from tokenflip.core import storage
 from tokenflip.report import paper
 from tokenflip.report.common import (
@@ -39,6 +40,7 @@ from tokenflip.report.figures import (
     precision_drift_figure,
 )
 from tokenflip.report.overview import overview_figures
+from tokenflip.report.prompts import prompt_groups
 from tokenflip.report.tables import (
     cv_heuristic,
     drilldown_table,
@@ -92,6 +94,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     prec_layers = _read_optional(summary_dir / "precision_layers.parquet")
     grafting = _read_optional(summary_dir / "precision_grafting.parquet")
     lens = _read_optional(summary_dir / "precision_lens.parquet")
+    prompt_texts = _read_optional(summary_dir / "texts.parquet")
     context = dict(
         title=(title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}")
         + (" (partial: some jobs failed)" if partial else ""),
@@ -100,6 +103,9 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
                   + _headline(first_runs(done_pairs), config.get("interventions"))),
         unmeasured=unmeasured,
         **diverged_view(_read_optional(summary_dir / "diverged.parquet"), pairs_df),
+        prompt_groups=prompt_groups(prompt_texts),
+        prompt_text_rows=prompt_texts,
+        prompt_text_chars=f"{TEXT_CHARS:,}",
         **paper_placement(paper.comparison_rows(
             paper.Tables(pairs=pairs_df, interventions=interventions_df, first_divergence=first_df, cells=cells_df,
                          kv_steps=kv_steps, kv_layers=kv_layers, kv_patching=kv_patching,
@@ -176,6 +182,7 @@ TABLE_FILES = {
     "precision_rows": "precision.csv",
     "intervention_rows": "interventions.csv",
     "cv_rows": "cv_heuristic.csv",
+    "prompt_text_rows": "prompts.csv",
 }
 
 
