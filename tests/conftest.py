@@ -153,3 +153,27 @@ def finished_tiny_study(tmp_path_factory):
     run_snakemake(workdir, config)
     assert (workdir / "reports" / "inc" / "index.html").exists()
     return SimpleNamespace(workdir=workdir, config=config)
+
+
+def local_tokenizer(directory: Path, chat_template: str | None = None) -> Path:
+    """A checkpoint directory of another tokenizer family than the default's (a byte-level
+    BPE learnt here from a few sentences, 400 ids) with a tiny llama config, standing for a
+    hub model whose weights a test never needs; with `chat_template`, its own template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE(unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    corpus = ["The quick brown fox jumps over the lazy dog.", "Tokenizer check: 12,345 cafés in Zürich.",
+              "def f(x): return x ** 2", "Solve the problem step by step and give the answer."] * 20
+    core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>")
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(directory)
+    LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, bos_token_id=0, eos_token_id=1).save_pretrained(directory)
+    return directory

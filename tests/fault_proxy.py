@@ -1,6 +1,7 @@
 """A small fault-injecting HTTP proxy for the endpoint tests: it forwards every request to a
 real server, except those its script says to break. A script is a list of faults taken one
-per POST in arrival order (None: forward); GETs are always forwarded.
+per completion POST in arrival order (None: forward); GETs and other POSTs (a tokenize route)
+are forwarded, except to the paths in `missing`, which answer 404 as a server without them.
 
 Faults: ("status", 503) answers that status with an error body; ("status", 429, seconds) adds
 Retry-After; "malformed" answers 200 with a body that is not JSON; "drop" closes the
@@ -21,6 +22,7 @@ class FaultProxy:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.script: list = []
+        self.missing: set[str] = set()
         self.posts = 0
         self.lock = threading.Lock()
         proxy = self
@@ -36,9 +38,15 @@ class FaultProxy:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                with proxy.lock:
-                    fault = proxy.script.pop(0) if proxy.script else None
-                    proxy.posts += 1
+                path = self.path.split("?", 1)[0]
+                if path in proxy.missing:
+                    fault = ("status", 404)
+                elif not path.endswith("/completions"):
+                    fault = None
+                else:
+                    with proxy.lock:
+                        fault = proxy.script.pop(0) if proxy.script else None
+                        proxy.posts += 1
                 kind = fault if isinstance(fault, str) or fault is None else fault[0]
                 if kind == "status":
                     payload = b'{"error": {"message": "injected fault"}}'

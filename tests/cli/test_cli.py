@@ -104,6 +104,8 @@ def _kind(action) -> str:
         return "path:" + action.type.kind
     if action.type is cli_args.json_arg:
         return "json"
+    if action.type is cli_args.model_ref:  # a JSON model entry, or a hub id or directory as text
+        return "model"
     if action.type is cli_args.length_arg:
         return "length"
     if action.choices:
@@ -145,6 +147,8 @@ def _values(kind: str, files: dict[str, Path]) -> list[str]:
         return LENGTHS
     if kind == "json":
         return JSONS
+    if kind == "model":
+        return JSONS + STRINGS
     if kind in ("choice", "string", "url"):
         return STRINGS
     if kind == "flag":  # a flag takes no value: `--cost=nan` is a usage error
@@ -165,7 +169,7 @@ def _base(tmp_path: Path, files) -> dict[str, str]:
     return {"path:config": str(config), "path:file": str(cell), "path:dir": str(files["dir"]),
             "path:out": str(tmp_path / "out" / "result.parquet"), "path:outdir": str(tmp_path / "outdir" / "m"),
             "path:calibration": str(files["calibration"]),
-            "json": "{}", "string": "x", "number": "1", "length": "arith_a=5", "choice": None,
+            "json": "{}", "model": "x", "string": "x", "number": "1", "length": "arith_a=5", "choice": None,
             # a URL where nothing answers (port 9, discard): refused at once, naming it
             "url": "http://127.0.0.1:9/v1"}
 
@@ -222,7 +226,8 @@ def test_every_option_of_every_command_refuses_hostile_values_without_a_tracebac
                                                   "binary.parquet")}
     failures = []
     for (name, option, kind, value, argv), (code, stderr) in zip(cases, results):
-        if kind in ("number", "length", "choice", "flag") or (kind == "json" and value in JSONS[:8]):
+        if kind in ("number", "length", "choice", "flag") or (kind == "json" and value in JSONS[:8]) or \
+                (kind == "model" and (value.lstrip().startswith("{") and value in JSONS[:8] or value in ("", LONG))):
             expected = {2}  # usage: the option's value is not one it takes
         elif kind.startswith("path:") and value not in valid.get(kind, ()):
             expected = {1}  # refused input: the path names nothing the command can use

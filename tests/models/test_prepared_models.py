@@ -100,3 +100,36 @@ def test_the_cell_records_how_it_loaded_the_weights(bf16_checkpoint, prepared_bf
     a, b = sorted(expand_cells(config), key=lambda c: c.precision != "fp32")
     pair = Pair("precision", a, b)
     compare_files(pair, layout.cell(a.id), layout.cell(b.id), layout.pair(pair.id))  # comparable on precision
+
+
+# --- Tokenizer only: a model served elsewhere, its tokenizer without its weights ----------
+
+def test_a_hub_model_prepared_tokenizer_only_holds_no_weight_file(bf16_checkpoint, prepared_bf16, tmp_path):
+    """The tokenizer files and the model's config, digested as a full preparation digests
+    them (the same tokenizer_sha256), and not one weight file; loading its weights is refused."""
+    from tokenflip.models.prepare import ModelError, load_tokenizer
+
+    out = tmp_path / "served"
+    manifest = prepare({"source": "hf", "id": str(bf16_checkpoint), "tokenizer_only": True}, out)
+    assert manifest["tokenizer_only"] is True
+    assert manifest["weights_sha256"] is None and manifest["num_parameters"] is None
+    assert not list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
+    assert {"config.json", "generation_config.json", "tokenizer.json"} <= set(manifest["files"])
+    assert manifest["tokenizer_sha256"] == read_manifest(prepared_bf16)["tokenizer_sha256"]
+    assert manifest["architecture"] == "llama"
+    full = load_tokenizer(prepared_bf16)
+    assert load_tokenizer(out)("12 apples")["input_ids"] == full("12 apples")["input_ids"]
+    with pytest.raises(ModelError, match="prepared tokenizer-only .no weights.: only an endpoint's cells can use it"):
+        load_prepared(out, "fp32")
+
+
+def test_a_tokenizer_only_model_in_a_local_engines_grid_is_refused_before_any_job(bf16_checkpoint):
+    from tokenflip.study import config as cfg
+
+    study = {"run": "t", "models": {"served": {"source": "hf", "id": str(bf16_checkpoint), "tokenizer_only": True}},
+             "benchmarks": {"a": {"kind": "arithmetic", "n": 2, "seed": 0}},
+             "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1]}], "comparisons": []}
+    with pytest.raises(cfg.ConfigError) as err:
+        cfg.validate(study, source="study.yaml", check_data=False)
+    assert ("grids.0: model(s) ['served'] are tokenizer_only (no weights), so engine(s) ['transformers'] cannot run "
+            "them; only endpoints can") in str(err.value)

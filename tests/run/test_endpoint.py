@@ -41,16 +41,20 @@ NAME = "smollm2"
 
 @pytest.fixture(scope="module")
 def servers(prepared_models, tmp_path_factory):
-    """llama.cpp's server on the GGUF the prepared model comes from, up for the module."""
+    """llama.cpp's server on the GGUF the prepared model comes from, up for the module, and a
+    second deployment of it on two threads (what `audit --against` compares it with)."""
     model_dir = prepared_models("smollm2")
     logs = tmp_path_factory.mktemp("servers")
-    port = free_port()
-    llama = Server(llama_cpp_command(gguf_of(SMOLLM2), port, NAME), f"http://127.0.0.1:{port}/v1", NAME,
-                   logs / "llama.log").start(timeout=300)
+    started = []
     try:
-        yield {"llama": llama.url, "model_dir": model_dir}
+        for key, threads in (("llama", 1), ("llama_two_threads", 2)):
+            port = free_port()
+            started.append(Server(llama_cpp_command(gguf_of(SMOLLM2), port, NAME, threads=threads),
+                                  f"http://127.0.0.1:{port}/v1", NAME, logs / f"{key}.log").start(timeout=300))
+        yield {"llama": started[0].url, "llama_two_threads": started[1].url, "model_dir": model_dir}
     finally:
-        llama.stop()
+        for server in started:
+            server.stop()
 
 
 def _config(servers, **endpoints) -> dict:
@@ -174,24 +178,128 @@ def test_a_server_that_is_down_or_serves_another_model_is_refused_before_any_job
     assert not (tmp_path / "results" / "endpoint" / "cells").exists()
 
 
+# --- Whose tokenizer: refused before any job when it is not the served model's ------------
+
+def test_a_tokenizer_that_is_not_the_served_models_is_refused_naming_both(servers, proxy, tmp_path):
+    """The server's own ids of the probe text (llama-cpp-python's /extras/tokenize) against
+    the local ones; behind a proxy without tokenize routes, the tokens it returns against the
+    local vocabulary. The embedded tokenizer passes both, another family's fails both."""
+    from conftest import local_tokenizer
+    from tokenflip.run.engines.endpoint.server import tokenizer_of
+    from tokenflip.run.engines.endpoint.tokenizer import mismatch
+
+    embedded = tokenizer_of(SMOLLM2, str(servers["model_dir"]))
+    other = tokenizer_of({"source": "hf", "id": str(local_tokenizer(tmp_path / "other"))})
+    spec = {"url": servers["llama"], "model": NAME, "server": "llama.cpp"}
+    assert mismatch(spec, embedded, "model 'smollm2'", "prod") is None
+    refused = mismatch(spec, other, "model 'other' (a BPE of 400 ids)", "prod")
+    assert refused.startswith(f"endpoint 'prod' ({servers['llama']}, model {NAME!r}) does not use the tokenizer of "
+                              f"model 'other' (a BPE of 400 ids): the probe text ")
+    assert f"at {servers['llama'].rsplit('/v1', 1)[0]}/extras/tokenize but [" in refused and "--tokenizer" in refused
+
+    proxy.missing = {"/extras/tokenize", "/tokenize"}
+    behind = {"url": proxy.url, "model": NAME, "server": "openai", "timeout_s": 60, "retries": 0}
+    assert mismatch(behind, embedded, "model 'smollm2'", "gateway") is None
+    refused = mismatch(behind, other, "model 'other'", "gateway")
+    assert f"endpoint 'gateway' ({proxy.url}, model {NAME!r}) does not use the tokenizer of model 'other': " in refused
+    assert "tokens it returned are no token of model 'other'" in refused and "no tokenize route answered" in refused
+
+
+def test_an_endpoint_cell_of_a_tokenizer_only_model_records_its_digests(servers, tmp_path):
+    """The served model's tokenizer without its weights: the cell's tokens are those of the
+    fully prepared model, and it records the same tokenizer digest, no weights digest."""
+    from tokenflip.models.prepare import prepare, read_manifest
+
+    only = tmp_path / "models" / "smollm2"
+    prepare({**SMOLLM2, "tokenizer_only": True}, only)
+    assert not list(only.glob("*.safetensors"))
+    config = _config(servers)
+    config["models"]["smollm2"] = {**SMOLLM2, "tokenizer_only": True}
+    config = cfg.validate(config, source="endpoint.yaml", check_data=False)
+    cell = Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine="llama")
+    run_cell(cell_job(config, cell), only, tmp_path / "only.parquet", progress=False)
+    table, meta = storage.read_cell(tmp_path / "only.parquet")
+    full, _ = _cell(_config(servers), servers, tmp_path, "llama")
+    assert table.column("token_ids").to_pylist() == full.column("token_ids").to_pylist()
+    assert meta["model"]["tokenizer_only"] is True and meta["model"]["weights_sha256"] is None
+    assert meta["model"]["tokenizer_sha256"] == read_manifest(servers["model_dir"])["tokenizer_sha256"]
+
+
 # --- One command: tokenflip audit ------------------------------------------------------
 
-def test_tokenflip_audit_of_a_llama_cpp_server_reports_its_repetition_penalty(servers, tmp_path):
-    """`tokenflip audit URL --model NAME` asks the server what it is, writes the study, runs
-    it through Snakemake and prints the report, whose findings name the steps where the
-    server did not choose its own top token."""
-    shutil.copytree(servers["model_dir"], tmp_path / "resources" / "models" / "smollm2")
+def test_audit_refuses_a_tokenizer_that_is_not_the_served_models_before_any_job(servers, tmp_path):
+    from conftest import local_tokenizer
+
+    other = local_tokenizer(tmp_path / "tiny-llama")
     proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME,
-                           "--model-name", "smollm2", "--prompts", "2", "--max-tokens", "32", "--concurrency", "2",
-                           "--load", "1", "--no-reference", "--precision", "fp32", "--run", "audited"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+                           "--tokenizer", str(other), "--model-name", "tiny-llama"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert (f"does not use the tokenizer of model 'tiny-llama' ({other}): the probe text") in proc.stderr
+    assert not (tmp_path / "audit-audit.yaml").exists() and not (tmp_path / "results").exists()
+
+
+def test_tokenflip_audit_of_two_llama_cpp_deployments_judges_each_comparison(servers, tmp_path):
+    """`tokenflip audit URL --model NAME --against URL_B` asks each server what it is, writes
+    the study (each endpoint named by its host and port), runs it through Snakemake and
+    prints the report: a verdict for each comparison, the first deployment's findings name
+    the steps where the server did not choose its own top token."""
+    shutil.copytree(servers["model_dir"], tmp_path / "resources" / "models" / "smollm2")
+    first, second = (f"127.0.0.1_{servers[k].rsplit(':', 1)[1].split('/')[0]}" for k in ("llama", "llama_two_threads"))
+    proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME,
+                           "--against", servers["llama_two_threads"], "--model-name", "smollm2", "--prompts", "2",
+                           "--max-tokens", "32", "--concurrency", "2", "--load", "1", "--reference", "none",
+                           "--precision", "fp32", "--run", "audited"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"{servers['llama']} is llama.cpp (logprobs)" in proc.stderr
+    assert f"{servers['llama']} is llama.cpp (logprobs), named {first!r} in the study" in proc.stderr
+    assert f"{servers['llama_two_threads']} is llama.cpp (logprobs), named {second!r}" in proc.stderr
+    assert "reference: none (the deployment against itself only)" in proc.stderr
     report = tmp_path / "reports" / "audited" / "index.html"
     assert f"report: {report}" in proc.stdout
     html = report.read_text()
     assert "the server chose a token below its own top score at temperature 0 (arithmetic-s0-0000: " in html
     written = cfg.read_yaml(tmp_path / "audit-audited.yaml")
-    assert written["endpoints"]["served"] == {"url": servers["llama"], "model": NAME, "api": "completions",
-                                              "server": "llama.cpp", "scores": "logprobs"}
-    assert {c["axis"] for c in written["comparisons"]} == {"concurrency", "repeat", "load", "logprobs"}
+    assert written["endpoints"][first] == {"url": servers["llama"], "model": NAME, "api": "completions",
+                                           "server": "llama.cpp", "scores": "logprobs"}
+    assert written["endpoints"][second]["url"] == servers["llama_two_threads"]
+    assert {(c["axis"], str(c["a"]), str(c["b"])) for c in written["comparisons"]} == {
+        ("concurrency", "default", "2"), ("repeat", "default", "2"), ("load", "none", "busy"),
+        ("logprobs", "on", "off"), ("engine", first, second)}
+    pairs = storage.read_table(tmp_path / "results" / "audited" / "summary" / "pairs.parquet")[0].to_pylist()
+    judged = {(p["axis"], p["a"], p["b"]): p for p in pairs}
+    assert len(pairs) == len(judged) == 5, sorted(judged)  # each comparison once
+    assert judged[("engine", first, second)]["status"] == "done"
+    assert all(p["verdict"] for p in pairs), pairs
+    assert f"engine: {first} vs {second}" in html
+
+
+def test_tokenflip_audit_sends_a_teams_own_prompts_and_conversations_through_the_chat_api(servers, tmp_path):
+    """`--prompts-file` with chat conversations and text prompts, through the server's chat
+    API (its own chat template): every record answered, its text in the report."""
+    prompts = tmp_path / "traffic.jsonl"
+    records = [{"id": "greeting", "prompt": "Say hello to a new colleague in one sentence."},
+               {"id": "capital", "prompt": "What is the capital of France?", "answer": "Paris"},
+               {"id": "support", "messages": [
+                   {"role": "system", "content": "You are a terse support agent."},
+                   {"role": "user", "content": "My order has not arrived."},
+                   {"role": "assistant", "content": "Which order number?"},
+                   {"role": "user", "content": "Order 1234, placed last Monday."}]},
+               {"id": "sum", "messages": [{"role": "user", "content": "What is 17 + 25? Answer with the number."}]}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    shutil.copytree(servers["model_dir"], tmp_path / "resources" / "models" / "smollm2")
+    proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME,
+                           "--api", "chat", "--prompts-file", str(prompts), "--model-name", "smollm2",
+                           "--max-tokens", "16", "--concurrency", "2", "--load", "1", "--reference", "none",
+                           "--precision", "fp32", "--run", "traffic"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = cfg.read_yaml(tmp_path / "audit-traffic.yaml")
+    assert written["benchmarks"]["prompts"]["kind"] == "prompts" and "n" not in written["benchmarks"]["prompts"]
+    cell = next((tmp_path / "results" / "traffic" / "cells" / "smollm2" / "prompts").glob("fp32-on-bs1-greedy-none"
+                                                                                         "-engine=*.parquet"))
+    table, meta = storage.read_cell(cell)
+    assert sorted(table.column("prompt_id").to_pylist()) == ["capital", "greeting", "sum", "support"]
+    assert meta["engine"]["prompts_as"] == "messages"
+    html = (tmp_path / "reports" / "traffic" / "index.html").read_text()
+    assert "Order 1234, placed last Monday." in html and "What is 17 + 25?" in html  # "Your prompts"

@@ -8,10 +8,12 @@ onstart:
     from tokenflip.models.hub import hub_problems
 
     _problems = hub_problems(config, os.path.dirname(LAYOUT.model_dir("_")))
-    # Every endpoint with a cell still to make answers, and serves the model it names.
+    # Every endpoint with a cell still to make answers, serves the model it names, and
+    # tokenizes as the model its cells encode with.
     from tokenflip.run.engines.endpoint.server import endpoint_problems
 
-    _problems += endpoint_problems(config, [c for c in CELLS if not os.path.exists(LAYOUT.cell(c.id))])
+    _problems += endpoint_problems(config, [c for c in CELLS if not os.path.exists(LAYOUT.cell(c.id))],
+                                   LAYOUT.model_dir)
     if _problems:
         raise SystemExit("tokenflip: models or endpoints that cannot be reached from here:\n  " + "\n  ".join(_problems))
 

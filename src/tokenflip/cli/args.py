@@ -32,6 +32,22 @@ def json_arg(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def model_ref(text: str):
+    """A model named on the command line: a config models entry as JSON (text starting with
+    '{'), else a hub id or a local directory, checked as the config's id check checks it."""
+    from tokenflip.models.hub import id_problem
+
+    if text.lstrip().startswith("{"):
+        return json_arg(text)
+    if not text.strip() or len(text) > 4096:
+        raise argparse.ArgumentTypeError(f"expected a hub id, a local directory or a JSON model entry, got "
+                                         f"{shown(text, 40)}")
+    why = id_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
 def number(low: float, high: float, unit: str = "", integer: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite number in [low, high] (an integer with `integer`); NaN,
     infinities and 1e309 are refused, not priced or counted."""

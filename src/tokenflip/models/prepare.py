@@ -152,36 +152,70 @@ def _forget_gguf_quantization(model):
     return model
 
 
+def build_tokenizer_only(spec: dict[str, Any]):
+    """(config, generation config, tokenizer) of a model entry, no weight read: what an
+    endpoint's cells need of a model served elsewhere (its tokenizer, its end-of-sequence ids),
+    without downloading 140 GB for a 70B model one only tokenizes for."""
+    from transformers import AutoConfig, GenerationConfig
+
+    if spec["source"] == "gguf-package":
+        path = package_file(spec["package"], spec["file"])
+        where, extra = str(path.parent), {"gguf_file": path.name}
+    elif spec["source"] == "hf":
+        where, extra = spec["id"], {"revision": spec.get("revision"),
+                                    "trust_remote_code": spec.get("trust_remote_code", False)}
+    else:
+        raise ModelError(f"tokenizer_only: source {spec['source']!r} has no tokenizer of its own (hf or gguf-package)")
+    config = AutoConfig.from_pretrained(where, **extra)
+    try:
+        generation = GenerationConfig.from_pretrained(where, **{k: v for k, v in extra.items()
+                                                                if k != "trust_remote_code"})
+    except OSError:  # a checkpoint without generation_config.json: the model config's own ids
+        generation = GenerationConfig.from_model_config(config)
+    return config, generation, _load_tokenizer(spec)
+
+
 def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
-    """Convert a model once into `out_dir` (safetensors + tokenizer + model.json).
+    """Convert a model once into `out_dir` (safetensors + tokenizer + model.json; with
+    `tokenizer_only`, the tokenizer and the model's config alone).
 
     The directory appears complete or not at all: it is built beside the target and
     renamed into place.
     """
     out_dir = _own_output(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = build_model(spec)
+    if spec.get("tokenizer_only"):
+        config, generation, tokenizer = build_tokenizer_only(spec)
+        model = None
+    else:
+        model, tokenizer = build_model(spec)
+        config = model.config
     own_temporary = re.compile(re.escape(f".{out_dir.name}.") + r"[a-z0-9_]{8}")
     for stale in out_dir.parent.iterdir():  # what a killed preparation of this model left
         if own_temporary.fullmatch(stale.name) and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        if model is not None:
+            model.save_pretrained(tmp, safe_serialization=True)
+        else:
+            config.save_pretrained(tmp)
+            generation.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         weights = sorted(tmp.glob("*.safetensors"))
         manifest = {
             "spec": spec,
-            "architecture": model.config.model_type,
-            "num_parameters": int(sum(p.numel() for p in model.parameters())),
-            "stored_dtype": stored_dtype(model),
-            "weights_sha256": digest_files(weights, tmp),
+            "architecture": config.model_type,
+            "tokenizer_only": model is None,
+            "num_parameters": int(sum(p.numel() for p in model.parameters())) if model is not None else None,
+            "stored_dtype": stored_dtype(model) if model is not None else None,
+            "weights_sha256": digest_files(weights, tmp) if model is not None else None,
             "tokenizer_sha256": digest_files(_tokenizer_files(tmp), tmp),
             # Every file a load reads, so that one edited in place is found and named (`verify_prepared`).
             "files": {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()},
             "source_digest": _source_digest(spec),
             # For hub models: the commit a branch name such as `main` resolved to.
-            "resolved_revision": getattr(model.config, "_commit_hash", None),
+            "resolved_revision": getattr(config, "_commit_hash", None),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         storage.follow_umask(tmp)  # safetensors writes its files 0600
@@ -317,6 +351,8 @@ def load_prepared(model_dir: str | Path, precision: str, device: str = "auto", a
     if precision not in PRECISIONS:
         raise ModelError(f"unknown precision {precision!r}; known: {sorted(PRECISIONS)}")
     manifest = read_manifest(model_dir)
+    if manifest.get("tokenizer_only"):
+        raise ModelError(f"{model_dir}: prepared tokenizer-only (no weights): only an endpoint's cells can use it")
     verify_prepared(model_dir, manifest)
     extra = {} if attention == "default" else {"attn_implementation": attention}
     target = resolve_device("auto" if device == "default" else device)

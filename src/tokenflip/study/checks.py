@@ -81,3 +81,21 @@ def probe_engine_problems(config: dict[str, Any]) -> Iterator[str]:
             yield (f"probes.{probe}: model {model!r} on benchmark {benchmark!r} has only {' and '.join(sorted(found))} "
                    f"cells; probes replay the transformers model (add transformers cells, or name other benchmarks "
                    f"under probes.{probe}.benchmarks)")
+
+
+def tokenizer_only_problems(config: dict[str, Any]) -> Iterator[str]:
+    """A model prepared tokenizer-only has no weights: only an endpoint (whose server holds
+    them) can run its cells, and no probe can replay them."""
+    only = {name for name, spec in config["models"].items() if spec.get("tokenizer_only")}
+    endpoints = set(config.get("endpoints", {}))
+    for i, grid in enumerate(config["grids"]):
+        models = only & set(grid.get("models", config["models"]))
+        local = sorted({str(e) for e in grid.get("engine", ["transformers"])} - endpoints)
+        if models and local:
+            yield (f"grids.{i}: model(s) {sorted(models)} are tokenizer_only (no weights), so engine(s) {local} "
+                   f"cannot run them; only endpoints can (give the model's weights, or drop tokenizer_only)")
+    for probe, spec in config.get("probes", {}).items():
+        models = only & set(spec.get("models", config["models"]))
+        if models:
+            yield (f"probes.{probe}: model(s) {sorted(models)} are tokenizer_only: a probe replays the model's "
+                   f"weights (restrict the probe's models)")

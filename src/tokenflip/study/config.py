@@ -332,6 +332,7 @@ def _semantic_problems(config: dict[str, Any]):
         yield from engines.config_problems(config, GRID_DEFAULTS)
         yield from _probe_form_problems(config)
         yield from checks.probe_engine_problems(config)
+        yield from checks.tokenizer_only_problems(config)
         yield from limits.model_problems(config)
     if not undefined:
         cells = expand_cells(config)

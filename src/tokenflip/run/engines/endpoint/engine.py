@@ -153,6 +153,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     from tokenflip.run.decode import BatchResult
     from tokenflip.run.engines.base import DecodedBatch
     from tokenflip.run.engines.endpoint import client, responses, server
+    from tokenflip.run.engines.endpoint import tokenizer as tokenizer_check
     from tokenflip.run.sampling import prompt_seed
 
     spec, cell = engine.spec, job.cell
@@ -160,6 +161,11 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     if refused:
         raise client.EndpointError(refused)
     tokenizer = load_tokenizer(model_dir)
+    # Checked again here: a cell run outside the pipeline, or a server swapped since it began.
+    wrong = tokenizer_check.mismatch(spec, tokenizer, tokenizer_check.label_of(cell.model, job.model),
+                                     engine.name)
+    if wrong:
+        raise client.EndpointError(wrong)
     eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
     items = bench.items()
     prompts = [runtime.encode_prompt(tokenizer, bench, item) for item in items]

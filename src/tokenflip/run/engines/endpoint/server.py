@@ -58,11 +58,35 @@ def problem(name: str, spec: dict[str, Any]) -> str | None:
     return None
 
 
-def endpoint_problems(config: dict[str, Any], cells) -> list[str]:
-    """`problem` of every endpoint one of `cells` names (each endpoint asked once)."""
-    names = dict.fromkeys(cell.engine for cell in cells if cell.engine in config.get("endpoints", {}))
-    found = (problem(name, config["endpoints"][name]) for name in names)
-    return [p for p in found if p]
+def endpoint_problems(config: dict[str, Any], cells, model_dir: Callable[[str], str] | None = None) -> list[str]:
+    """`problem` of every endpoint one of `cells` names (each endpoint asked once), then, for
+    each endpoint that answers, whether each model its cells encode with has the served
+    model's tokenizer (`tokenizer.mismatch`; the prepared copy's where `model_dir(name)`
+    holds one, else the model entry's own, no weight read)."""
+    from tokenflip.run.engines.endpoint.tokenizer import label_of, mismatch
+
+    endpoints = config.get("endpoints", {})
+    names = dict.fromkeys(cell.engine for cell in cells if cell.engine in endpoints)
+    found = {name: problem(name, endpoints[name]) for name in names}
+    problems = [p for p in found.values() if p]
+    for name, model in dict.fromkeys((cell.engine, cell.model) for cell in cells if cell.engine in names):
+        if found[name] is None:
+            why = mismatch(endpoints[name], tokenizer_of(config["models"][model], model_dir and model_dir(model)),
+                           label_of(model, config["models"][model]), name)
+            if why:
+                problems.append(why)
+    return problems
+
+
+def tokenizer_of(spec: dict[str, Any], prepared: str | None = None):
+    """A model entry's tokenizer: its prepared copy's where there is one, else its source's."""
+    import os
+
+    from tokenflip.models.prepare import MANIFEST, RANDOM_TOKENIZER, _load_tokenizer, load_tokenizer
+
+    if prepared and os.path.exists(os.path.join(prepared, MANIFEST)):
+        return load_tokenizer(prepared)
+    return _load_tokenizer(RANDOM_TOKENIZER if spec.get("source") == "random" else spec)
 
 
 def identity(spec: dict[str, Any]) -> dict[str, Any]:
