@@ -185,3 +185,23 @@ def test_intervention_without_its_pair_is_missing_and_without_baseline_has_no_ro
     assert {r["intervention"]: r["status"] for r in rows} == {"C_gated": "missing", "none": "done"}
     assert "lift" not in next(r for r in rows if r["intervention"] == "C_gated")
     assert intervention_rows(study, {GATED_PAIR: _agreement(GATED_AGREE)}, CELLS) == []
+
+
+# --- What a live endpoint's cell row says of its server ---------------------------------------
+
+def test_an_endpoint_cells_row_holds_its_servers_model_length_and_fingerprints():
+    from tokenflip.run.engines.endpoint.server import summary_columns
+
+    keys = ("endpoint_model", "endpoint_max_model_len", "endpoint_fingerprints", "chat_template")
+
+    def served(meta):
+        return {k: summary_columns(meta)[k] for k in keys}
+
+    server = {"model_entry": {"id": "llama", "max_model_len": 4096}, "system_fingerprints": ["fp_a", "fp_b"]}
+    assert served({"engine": {"kind": "endpoint", "server": server, "chat_template": "the server's"}}) == {
+        "endpoint_model": "llama", "endpoint_max_model_len": 4096, "endpoint_fingerprints": "fp_a, fp_b",
+        "chat_template": "the server's"}
+    # a server that reports neither; a local engine (whose columns are null)
+    assert served({"engine": {"kind": "endpoint", "server": {"model_entry": {"id": "m"}}}}) == {
+        "endpoint_model": "m", "endpoint_max_model_len": None, "endpoint_fingerprints": None, "chat_template": None}
+    assert set(served({"engine": {"name": "transformers"}}).values()) == {None}

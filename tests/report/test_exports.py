@@ -101,3 +101,10 @@ def test_the_page_shows_bidi_and_control_characters_as_their_code_points():
         text="abc\u202edef\u200f<b>\0", token="\u2067x y")
     assert html == "<p>abc⟨U+202E⟩def⟨U+200F⟩&lt;b&gt;⟨U+0000⟩</p><code>⟨U+2067⟩x␣y</code>"
     assert visible_controls(3) == 3 and visible_controls("tab\tand\nnewline") == "tab\tand\nnewline"
+
+
+def test_the_page_prints_a_count_held_as_a_float_as_an_integer_and_nan_as_a_dash():
+    # A summary column with gaps (an endpoint's count, null for a local cell) reads back as float.
+    html = _TEMPLATES.from_string("{{ n }} / {{ most }} / {{ mean }} / {{ gone }} / {{ text }}").render(
+        n=32.0, most=0.0, mean=1.83, gone=float("nan"), text="nan")
+    assert html == "32 / 0 / 1.83 / – / nan"

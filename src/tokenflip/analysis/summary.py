@@ -187,7 +187,7 @@ def cell_rows(config: dict[str, Any], layout: RunLayout, checked: Checked,
     run_again = {cell.id for runs in settings_run_again(cells) for cell in runs}
     for cell in cells:
         path = layout.cell(cell.id)
-        row: dict[str, Any] = {"cell_id": cell.id, **cell.as_dict(), "no_intervention": cell.intervention in none,
+        row: dict[str, Any] = {"cell_id": cell.id, **cell.fields(), "no_intervention": cell.intervention in none,
                                "status": "missing"}
         if Path(path).exists():
             try:

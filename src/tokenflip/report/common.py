@@ -223,15 +223,32 @@ def value_words(axis: str, value: Any, interventions: dict[str, Any] | None = No
             gate = f"gated by margin < {spec.get('tau', 1e-3)}" if spec.get("gated", True) else "on every step"
             return f"{value} (the LM head recomputed in fp32, {gate})"
         return f"{value} ({kind})"
-    if axis == "concurrency":
-        return "vLLM's default number of requests in flight" if value == "default" else (
+    if axis == "concurrency":  # each engine has its own default (vLLM's max_num_seqs, an endpoint's one at a time)
+        return "the engine's default requests in flight" if value == "default" else (
             "one request at a time" if value == "1" else f"{value} requests in flight")
     if axis == "prefix_cache":
         return {"off": "no prefix cache", "on": "a warm prefix cache", "cold": "a prefix cache filled as requests "
                 "arrive"}.get(value, f"prefix cache {value}")
+    if axis == "repeat":
+        return "the first run" if value == "default" else f"repeat {value} ({AXIS_WORDS['repeat']})"
+    if axis == "load":
+        return "no background load" if value == "none" else f"background load {value}"
+    if axis == "logprobs":
+        return {"on": "logprobs requested", "off": "no logprobs requested"}.get(value, f"logprobs {value}")
+    if axis == "server_cache":
+        return {"as_is": "the server's prefix cache as its traffic left it", "cold": "a cold server prefix cache",
+                "warm": "a warm server prefix cache"}.get(value, f"server prefix cache {value}")
+    if axis == "tensor_parallel":
+        return "the model on one device" if value == "1" else f"the model split over {value} devices"
     if axis in ("precision", "decoding"):
         return value
     return f"{AXIS_WORDS.get(axis, axis.replace('_', ' '))} {value}"
+
+
+# Axes whose values read as phrases of their own ("2 requests in flight", "the first run"): a
+# comparison of one reads "<a> vs <b> (axis)", not "<what the axis is> <a> vs <b>".
+PHRASED_AXES = ("kv_dtype", "prefill_chunk", "intervention", "concurrency", "prefix_cache", "repeat", "load",
+                "logprobs", "server_cache", "tensor_parallel")
 
 
 def _batch(size: Any) -> str:

@@ -42,6 +42,44 @@ def outcome(correct: Any, verdict: Any, finish: Any, n_tokens: Any) -> str:
     return words
 
 
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def answer(row: dict[str, Any], side: str) -> str | None:
+    """A side's final answer; None where it gave none (none found, a benchmark that scores
+    nothing, or a null, which reads back from Parquet as NaN)."""
+    value = row.get(f"extracted_{side}")
+    if _missing(value) or row.get(f"verdict_{side}") in (*texts.NO_ANSWER, "not_scored"):
+        return None
+    return str(value)
+
+
+def answers_agree(row: dict[str, Any]) -> str | None:
+    """Whether the final answers agree, in words: "same final answer" only where both sides
+    gave one and they are equal (the pair's `same_answer` also counts two missing answers as
+    agreeing); None where the pair file says nothing."""
+    if _missing(row.get("same_answer")):
+        return None
+    if row.get("verdict_a") == row.get("verdict_b") == "not_scored":
+        return "answers not scored"
+    a, b = _answered(row, "a"), _answered(row, "b")
+    if not a and not b:
+        return "no answer on either side"
+    if not a or not b:
+        return "an answer on one side only"
+    return "same final answer" if row["same_answer"] else "final answer differs"
+
+
+def _answered(row: dict[str, Any], side: str) -> bool:
+    """Whether a side gave an answer: by its verdict (code is answered by running it), else
+    by whether one was extracted."""
+    verdict = row.get(f"verdict_{side}")
+    if isinstance(verdict, str):
+        return verdict not in (*texts.NO_ANSWER, "not_scored")
+    return answer(row, side) is not None
+
+
 def _tied(top: list) -> list[bool]:
     """Which of a side's candidates tie its top logit exactly (with at least one other): at
     such a step the engine's tie-break chose the token, not the model."""
@@ -76,6 +114,7 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "unsplit": unsplit, "prefix_cut": len(prefix) > PREFIX_CHARS, "prefix_tail": prefix[-PREFIX_CHARS:],
             "rest_a_head": rest_a[:REST_CHARS], "rest_a_cut": len(rest_a) > REST_CHARS,
             "rest_b_head": rest_b[:REST_CHARS], "rest_b_cut": len(rest_b) > REST_CHARS,
+            "answer_a": answer(row, "a"), "answer_b": answer(row, "b"), "answers_agree": answers_agree(row),
             "outcome_a": outcome(row["correct_a"], row["verdict_a"], row["finish_a"], row["n_tokens_a"]),
             "outcome_b": outcome(row["correct_b"], row["verdict_b"], row["finish_b"], row["n_tokens_b"]),
             "candidates": candidates, "tie_a": any(c["tied_a"] for c in candidates),

@@ -13,11 +13,12 @@ the reader instead of being read:
   other control characters show as nothing. In the page and in the CSV each is written as
   a visible ⟨U+202E⟩; NUL, which no CSV reader takes, is removed from the CSV.
 `csv_frame` is what every CSV writer of the report writes; `visible_controls` is applied to
-every value the page's templates print (`page._TEMPLATES`' finalize).
+every value the page's templates print (`page._TEMPLATES`' finalize), after `printed`.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 from pathlib import Path
@@ -41,6 +42,17 @@ _PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0
 
 def _mark(match: re.Match) -> str:
     return f"⟨U+{ord(match.group()):04X}⟩"
+
+
+def printed(value: Any) -> Any:
+    """A value as the page prints it: a float that holds a count (a column with gaps is float
+    in pandas) as an integer, and NaN as "–", never "nan"."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        if value.is_integer():
+            return int(value)
+    return value
 
 
 def visible_controls(value: Any) -> Any:

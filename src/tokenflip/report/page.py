@@ -17,6 +17,7 @@ from tokenflip.report import paper
 from tokenflip.report.common import (
     AXIS_WORDS,
     KV_DTYPE_WORDS,
+    PHRASED_AXES,
     _fmt,
     _pct,
     _read_optional,
@@ -25,7 +26,8 @@ from tokenflip.report.common import (
     value_words,
 )
 from tokenflip.report.diverged import diverged_view, outcome, visible
-from tokenflip.report.exports import visible_controls, write_csv
+from tokenflip.report.endpoints import endpoint_lines, endpoint_rows, engine_rows
+from tokenflip.report.exports import printed, visible_controls, write_csv
 from tokenflip.report.figures import (
     batch_figure,
     drift_figure,
@@ -50,19 +52,26 @@ from tokenflip.report.tables import (
     kv_claims,
     kv_table,
     lens_table,
+    measured_accuracy,
     patching_layer_table,
     patching_table,
     precision_table,
     probe_claims,
     traced_prompts,
 )
-from tokenflip.report.verdicts import noise_floor_rows, still_identical_figure, verdict_counts, why_parted
+from tokenflip.report.verdicts import (
+    comparison_counts,
+    noise_floor_rows,
+    still_identical_figure,
+    verdict_counts,
+    why_parted,
+)
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("tokenflip.report", "templates"),
     autoescape=jinja2.select_autoescape(["html", "j2"]),
     undefined=jinja2.StrictUndefined,
-    finalize=visible_controls,  # every printed value: bidi and control characters shown as ⟨U+XXXX⟩
+    finalize=lambda value: visible_controls(printed(value)),  # every value the page prints
 )
 _TEMPLATES.filters["fmt"] = _fmt
 _TEMPLATES.filters["pct"] = _pct
@@ -79,8 +88,9 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
     pairs, _ = storage.read_table(summary_dir / "pairs.parquet")
     first_div, _ = storage.read_table(summary_dir / "first_divergence.parquet")
     cells_df, pairs_df, first_df = cells.to_pandas(), pairs.to_pandas(), first_div.to_pandas()
-    done_pairs = pairs_df[pairs_df["status"] == "done"] if not pairs_df.empty else pairs_df
     unmeasured = _unmeasured(cells_df)
+    pairs_df = measured_accuracy(pairs_df, unmeasured)
+    done_pairs = pairs_df[pairs_df["status"] == "done"] if not pairs_df.empty else pairs_df
     environment = _environment(_read_optional(summary_dir / "environment.parquet"))
     kv_steps = _read_optional(summary_dir / "kv_steps.parquet")
     kv_layers = _read_optional(summary_dir / "kv_layers.parquet")
@@ -99,7 +109,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         title=(title or config.get("report", {}).get("title") or f"tokenflip — {config['run']}")
         + (" (partial: some jobs failed)" if partial else ""),
         run=config["run"],
-        headline=(_truncation_lines(cells_df, unmeasured) + _prefix_cache_lines(cells_df) + _endpoint_lines(cells_df)
+        headline=(_truncation_lines(cells_df, unmeasured) + _prefix_cache_lines(cells_df) + endpoint_lines(cells_df)
                   + _headline(first_runs(done_pairs), config.get("interventions"))),
         unmeasured=unmeasured,
         **diverged_view(_read_optional(summary_dir / "diverged.parquet"), pairs_df),
@@ -113,13 +123,12 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
             paper.Study.of(config), _device_label(environment))),
         pairs=[{**p, "why_parted": why_parted(p)} for p in pairs_df.sort_values(
             ["model", "benchmark", "axis", "a", "b", "context"]).to_dict("records")] if not pairs_df.empty else [],
+        comparisons=comparison_counts(pairs_df),
         verdict_counts=verdict_counts(done_pairs),
         noise_floor_rows=noise_floor_rows(_read_optional(summary_dir / "repeats.parquet"), pairs_df),
         fig_still_identical=still_identical_figure(_read_optional(summary_dir / "still_identical.parquet")),
         cells=cells_df.sort_values("cell_id").to_dict("records") if not cells_df.empty else [],
-        # The cells of live endpoints that finished (a summary without endpoints has no such column).
-        endpoint_cells=[c for c in cells_df.sort_values("cell_id").to_dict("records")
-                        if c.get("status") == "done" and c.get("endpoint_server")] if not cells_df.empty else [],
+        endpoint_rows=endpoint_rows(cells_df),
         missing_cells=cells_df[cells_df["status"] != "done"].to_dict("records") if not cells_df.empty else [],
         missing_pairs=pairs_df[pairs_df["status"] != "done"].to_dict("records") if not pairs_df.empty else [],
         fig_first_div=first_divergence_figure(first_df, pairs_df),
@@ -152,6 +161,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         probe_flips=int(kv_steps["flip"].sum()) if not kv_steps.empty else 0,
         probe_steps=len(kv_steps),
         environment=environment,
+        engine_rows=engine_rows(environment),
         cpu_features=cpu_features(environment.get("device", {})),
         axis_words=AXIS_WORDS,
         kv_dtype_words=KV_DTYPE_WORDS,
@@ -241,9 +251,10 @@ def paper_placement(rows: list[dict[str, str]]) -> dict[str, Any]:
 def pair_words(axis: str, a: Any, b: Any, interventions: dict[str, Any] | None = None) -> str:
     """What a comparison changes, in words ("KV cache stored in FP8 E5M2 vs KV cache kept in
     the compute precision (kv_dtype)", "batch size 1 vs 4")."""
-    if axis in ("kv_dtype", "prefill_chunk", "intervention", "concurrency", "prefix_cache"):
-        return (f"{value_words(axis, a, interventions)} vs {value_words(axis, b, interventions)} "
-                f"({axis})")
+    if axis in PHRASED_AXES:
+        words = f"{value_words(axis, a, interventions)} vs {value_words(axis, b, interventions)}"
+        # a value that names its axis ("repeat 2 (the same cell run again)") needs no "(axis)"
+        return words if value_words(axis, b, interventions).startswith(f"{axis} ") else f"{words} ({axis})"
     return f"{AXIS_WORDS.get(axis, axis)} {a} vs {b}"
 
 
@@ -317,23 +328,6 @@ def _prefix_cache_lines(cells: pd.DataFrame) -> list[str]:
                   & (cells["prefix_cached_tokens"].fillna(-1) == 0)]
     return [f"{r.cell_id}: the prefix cache was on but served no prompt token (no request shared a whole KV "
             f"block with an earlier one): its pairs measure nothing of the cache." for r in unhit.itertuples()]
-
-
-def _endpoint_lines(cells: pd.DataFrame) -> list[str]:
-    """Live endpoints that decoded otherwise than their own scores say (a finding about the
-    server), or whose prompts they counted otherwise than tokenflip encoded them."""
-    if cells.empty or "not_top_choice_prompts" not in cells:
-        return []
-    lines = []
-    for r in cells[(cells["status"] == "done") & (cells["not_top_choice_prompts"].fillna(0) > 0)].itertuples():
-        lines.append(f"{r.cell_id} ({r.endpoint_server}): in {int(r.not_top_choice_prompts)} of {r.n_prompts} prompts "
-                     f"the server chose a token below its own top score at temperature 0 ({r.not_top_choice_steps}): "
-                     f"a penalty or bias applied after the scores it reports — a finding about the server, not a "
-                     f"divergence.")
-    for r in cells[(cells["status"] == "done") & (cells["prompts_counted_otherwise"].fillna(0) > 0)].itertuples():
-        lines.append(f"{r.cell_id} ({r.endpoint_server}): the server counted {int(r.prompts_counted_otherwise)} "
-                     f"prompt(s) at another length than the ids tokenflip encoded (another tokenizer or template?).")
-    return lines
 
 
 # The CPU extensions that decide which 16-bit kernels run (cpu_flags.KERNEL_FLAGS holds

@@ -249,3 +249,20 @@ def drilldown_table(pairs: pd.DataFrame, first_div: pd.DataFrame) -> list[dict[s
     else:
         table = table.assign(median_first_div_step=float("nan"))
     return table.sort_values(keys).to_dict("records")
+
+
+def measured_accuracy(pairs: pd.DataFrame, unmeasured: dict[str, str]) -> pd.DataFrame:
+    """The pairs with no accuracy (and no McNemar test) on a side whose cell's accuracy is not
+    measured (`page._unmeasured`), for every table and figure alike; what its scored rest got stays
+    in `accuracy_a_of_rest` / `accuracy_b_of_rest` for the pairs table's hover."""
+    if pairs.empty or "accuracy_a" not in pairs:
+        return pairs
+    out = pairs.copy()
+    either = pd.Series(False, index=out.index)
+    for side in ("a", "b"):
+        cut = out[f"cell_{side}"].isin(list(unmeasured))
+        out[f"accuracy_{side}_of_rest"] = out[f"accuracy_{side}"]
+        out[f"accuracy_{side}"] = out[f"accuracy_{side}"].where(~cut)
+        either |= cut
+    out["mcnemar_p"] = out["mcnemar_p"].where(~either)
+    return out

@@ -44,6 +44,18 @@ def verdict_counts(pairs: pd.DataFrame) -> list[dict[str, Any]]:
     return [{"verdict": v, "n": int(counts[v])} for v in VERDICT_ORDER if v in counts]
 
 
+def comparison_counts(pairs: pd.DataFrame) -> dict[str, int]:
+    """What the header and the verdicts count, from one frame: the comparisons (the pairs
+    between first runs, and the repeat pairs: `first_runs`), those finished (each has a
+    verdict) and not, and the pairs between second runs the pairs table lists beside them."""
+    if pairs.empty:
+        return {"total": 0, "finished": 0, "unfinished": 0, "second_runs": 0}
+    first = first_runs(pairs)
+    finished = int((first["status"] == "done").sum())
+    return {"total": len(first), "finished": finished, "unfinished": len(first) - finished,
+            "second_runs": len(pairs) - len(first)}
+
+
 def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per setting run more than once: its runs, the prompts whose runs did not all
     give one completion, the most distinct completions of a prompt, and the floor (the
@@ -51,13 +63,18 @@ def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[st
     if repeats.empty:
         return []
     floors = repeat_floors(pairs.to_dict("records"))
+    # whether a setting runs without an intervention is known by its kind, which its pairs hold
+    # (an intervention pair's says whether both sides run without one: not this)
+    none = {r["cell_a"]: r.get("no_intervention") for r in pairs.to_dict("records")
+            if r.get("axis") != "intervention"} if not pairs.empty else {}
     rows = []
     for rep in repeats.to_dict("records"):
         runs = rep.get("run_cell_ids") if rep.get("run_cell_ids") is not None else [rep["cell_id"]]
         # the floor the verdicts use (`verdict.with_verdicts`): the largest of its runs' pairs
         floor = larger_floor([f for cell in runs for f in floors.get(cell, [])])
         k, n = floor if floor else (None, None)
-        rows.append({"model": rep["model"], "benchmark": rep["benchmark"], "setting": in_words(rep),
+        setting = in_words({**rep, "no_intervention": none.get(rep["cell_id"])})
+        rows.append({"model": rep["model"], "benchmark": rep["benchmark"], "setting": setting,
                      "cell_id": rep["cell_id"], "runs": int(rep["runs"]), "n_prompts": int(rep["n_prompts"]),
                      "n_varied": int(rep["n_varied"]), "max_distinct": int(rep["max_distinct"]),
                      "floor_diverged": k, "floor_prompts": n,
