@@ -54,11 +54,13 @@ dry-run: $(STAMP)
 ## serve: vLLM's OpenAI server on the default model at http://127.0.0.1:$(PORT)/v1 (foreground),
 ## for config/endpoint.yaml; `make serve SERVER=llama.cpp` serves it through llama.cpp's server.
 ## PRECISION: fp32 by default (a CPU without avx512_bf16 runs bf16 several times slower).
+## API_KEY_ENV: the variable whose key every request must carry (`make serve API_KEY_ENV=MY_KEY`).
 PORT ?= 8000
 SERVER ?= vllm
 PRECISION ?= fp32
+API_KEY_ENV ?=
 serve: $(STAMP) $(if $(filter vllm,$(SERVER)),$(VLLM_STAMP),$(LLAMA_CPP_STAMP))
-	$(BIN)/tokenflip serve $(SERVER) --port $(PORT) --precision $(PRECISION)
+	$(BIN)/tokenflip serve $(SERVER) --port $(PORT) --precision $(PRECISION) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
 
 ## test: the test suite (real models, real Snakemake, every engine)
 test: $(STAMP) $(LLAMA_CPP_STAMP) $(VLLM_STAMP)

@@ -312,3 +312,19 @@ def test_a_made_up_axis_is_one_table_entry_and_one_engine(tmp_path):
     assert recorded["fp32-on-bs1-greedy-none"] == "highest"
     assert recorded["fp32-on-bs1-greedy-none-matmul_precision=medium"] == "medium"
     assert "engine 'llama.cpp' with matmul_precision 'medium'" in recorded["llama.cpp"]
+
+
+def test_an_axis_added_after_cells_exist_changes_no_existing_cells_job_or_record():
+    """`server_cache` came after cells were made: at its default it is in no cell's record or
+    job (Snakemake sees the same job, the summary the same record), away from it, it is; a
+    record without it reads back as the default."""
+    later = [a for a in AXES.values() if a.recorded_only_when_set]
+    assert [a.name for a in later] == ["server_cache"]
+    config = cfg.validate(copy.deepcopy(STUDY), source="axes.yaml", check_data=False)
+    plain = replace(PLAIN, engine="served")
+    job = cell_job(config, plain).to_json()
+    assert "server_cache" not in plain.as_dict() and "server_cache" not in job["cell"]
+    assert Cell.from_dict(plain.as_dict()) == plain and plain.fields()["server_cache"] == "as_is"
+    warm = replace(plain, server_cache="warm")
+    assert warm.as_dict()["server_cache"] == "warm" and cell_job(config, warm).to_json()["cell"]["server_cache"] == "warm"
+    assert Cell.from_dict(warm.as_dict()) == warm and warm.name.endswith("-server_cache=warm")

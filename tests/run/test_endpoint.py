@@ -37,20 +37,23 @@ pytestmark = pytest.mark.skipif(unavailable(LLAMA_CPP) is not None and not os.en
 K = 8
 BENCH = {"kind": "onestep", "n": 4, "seed": 0, "shots": 3, "max_new_tokens": 8}
 NAME = "smollm2"
+SECOND_KEY = "second-deployment-key"
 
 
 @pytest.fixture(scope="module")
 def servers(prepared_models, tmp_path_factory):
     """llama.cpp's server on the GGUF the prepared model comes from, up for the module, and a
-    second deployment of it on two threads (what `audit --against` compares it with)."""
+    second deployment of it on two threads behind a key (what `audit --against` compares it
+    with), started as `tokenflip serve llama.cpp --api-key-env` starts it."""
     model_dir = prepared_models("smollm2")
     logs = tmp_path_factory.mktemp("servers")
     started = []
     try:
-        for key, threads in (("llama", 1), ("llama_two_threads", 2)):
+        for key, threads, env in (("llama", 1, {}), ("llama_two_threads", 2, {"API_KEY": SECOND_KEY})):
             port = free_port()
             started.append(Server(llama_cpp_command(gguf_of(SMOLLM2), port, NAME, threads=threads),
-                                  f"http://127.0.0.1:{port}/v1", NAME, logs / f"{key}.log").start(timeout=300))
+                                  f"http://127.0.0.1:{port}/v1", NAME, logs / f"{key}.log", env,
+                                  api_key=env.get("API_KEY")).start(timeout=300))
         yield {"llama": started[0].url, "llama_two_threads": started[1].url, "model_dir": model_dir}
     finally:
         for server in started:
@@ -246,11 +249,16 @@ def test_tokenflip_audit_of_two_llama_cpp_deployments_judges_each_comparison(ser
     the steps where the server did not choose its own top token."""
     shutil.copytree(servers["model_dir"], tmp_path / "resources" / "models" / "smollm2")
     first, second = (f"127.0.0.1_{servers[k].rsplit(':', 1)[1].split('/')[0]}" for k in ("llama", "llama_two_threads"))
-    proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME,
-                           "--against", servers["llama_two_threads"], "--model-name", "smollm2", "--prompts", "2",
-                           "--max-tokens", "32", "--concurrency", "2", "--load", "1", "--reference", "none",
-                           "--precision", "fp32", "--run", "audited"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    argv = [sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME, "--against",
+            servers["llama_two_threads"], "--model-name", "smollm2", "--prompts", "2", "--max-tokens", "32",
+            "--concurrency", "2", "--load", "1", "--reference", "none", "--precision", "fp32", "--run", "audited"]
+    # The second deployment asks for a key: refused naming the option that gives it, before any job.
+    refused = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 1 and f"{servers['llama_two_threads']}/models answered 401" in refused.stderr
+    assert "name the variable that holds it with --api-key-env" in refused.stderr
+    assert not (tmp_path / "results").exists()
+    proc = subprocess.run([*argv, "--against-key-env", "SECOND_KEY"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "SECOND_KEY": SECOND_KEY})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{servers['llama']} is llama.cpp (logprobs), named {first!r} in the study" in proc.stderr
     assert f"{servers['llama_two_threads']} is llama.cpp (logprobs), named {second!r}" in proc.stderr
@@ -262,7 +270,9 @@ def test_tokenflip_audit_of_two_llama_cpp_deployments_judges_each_comparison(ser
     written = cfg.read_yaml(tmp_path / "audit-audited.yaml")
     assert written["endpoints"][first] == {"url": servers["llama"], "model": NAME, "api": "completions",
                                            "server": "llama.cpp", "scores": "logprobs"}
-    assert written["endpoints"][second]["url"] == servers["llama_two_threads"]
+    assert written["endpoints"][second] == {"url": servers["llama_two_threads"], "model": NAME, "api": "completions",
+                                            "server": "llama.cpp", "scores": "logprobs", "api_key_env": "SECOND_KEY"}
+    assert SECOND_KEY not in (tmp_path / "audit-audited.yaml").read_text()
     assert {(c["axis"], str(c["a"]), str(c["b"])) for c in written["comparisons"]} == {
         ("concurrency", "default", "2"), ("repeat", "default", "2"), ("load", "none", "busy"),
         ("logprobs", "on", "off"), ("engine", first, second)}
@@ -303,3 +313,17 @@ def test_tokenflip_audit_sends_a_teams_own_prompts_and_conversations_through_the
     assert meta["engine"]["prompts_as"] == "messages"
     html = (tmp_path / "reports" / "traffic" / "index.html").read_text()
     assert "Order 1234, placed last Monday." in html and "What is 17 + 25?" in html  # "Your prompts"
+
+
+def test_a_cold_cell_is_refused_for_a_server_that_takes_no_cache_salt(servers):
+    """Only a server that takes `cache_salt` can be asked to reuse nothing cached; elsewhere a
+    cold cell is refused at validation, naming the server kind and what to compare instead."""
+    study = _config(servers)
+    study["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["llama"],
+                       "server_cache": ["cold", "warm"]}]
+    with pytest.raises(cfg.ConfigError) as err:
+        cfg.validate(study, source="endpoint.yaml", check_data=False)
+    assert ("endpoint 'llama' with server_cache 'cold': server 'llama.cpp' takes no cache_salt, so a request "
+            "cannot be kept from its prefix cache (compare warm with as_is)") in str(err.value)
+    study["grids"][0]["server_cache"] = ["as_is", "warm"]
+    assert cfg.validate(study, source="endpoint.yaml", check_data=False)

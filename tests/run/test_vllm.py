@@ -64,14 +64,17 @@ CELLS = {"transformers": "fp32-on-bs1-greedy-none",
 # no prefix cache, eager), audited under load.
 ENDPOINT_GRIDS = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["served"], **axes}
                   for axes in ({"concurrency": ["default", 4]}, {"repeat": [2]}, {"load": ["busy"]},
-                               {"logprobs": ["off"]})]
+                               {"logprobs": ["off"]}, {"server_cache": ["cold", "warm"]})]
 ENDPOINT_COMPARISONS = [{"axis": "concurrency", "a": "default", "b": 4}, {"axis": "repeat", "a": "default", "b": 2},
                         {"axis": "load", "a": "none", "b": "busy"}, {"axis": "logprobs", "a": "on", "b": "off"},
-                        {"axis": "engine", "a": "transformers", "b": "served"}]
+                        {"axis": "engine", "a": "transformers", "b": "served"},
+                        {"axis": "server_cache", "a": "cold", "b": "warm"}]
 ENDPOINT_CELLS = {"served": "fp32-on-bs1-greedy-none-engine=served",
                   "served_four": "fp32-on-bs1-greedy-none-engine=served-concurrency=4",
                   "served_busy": "fp32-on-bs1-greedy-none-engine=served-load=busy",
-                  "served_quiet": "fp32-on-bs1-greedy-none-engine=served-logprobs=off"}
+                  "served_quiet": "fp32-on-bs1-greedy-none-engine=served-logprobs=off",
+                  "served_cold": "fp32-on-bs1-greedy-none-engine=served-server_cache=cold",
+                  "served_warm": "fp32-on-bs1-greedy-none-engine=served-server_cache=warm"}
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +255,8 @@ def test_the_study_compares_vllms_knobs_and_the_engines(study):
         "smollm2/steps/load/none_vs_busy/fp32-on-bs1-greedy-none-engine=served-load=x",
         "smollm2/steps/logprobs/on_vs_off/fp32-on-bs1-greedy-none-engine=served-logprobs=x",
         "smollm2/steps/prefix_cache/off_vs_on/fp32-on-bs1-greedy-none-prefix_cache=x-engine=vllm",
-        "smollm2/steps/repeat/default_vs_2/fp32-on-bs1-greedy-none-repeat=x-engine=served"]
+        "smollm2/steps/repeat/default_vs_2/fp32-on-bs1-greedy-none-repeat=x-engine=served",
+        "smollm2/steps/server_cache/cold_vs_warm/fp32-on-bs1-greedy-none-engine=served-server_cache=x"]
     assert all(p["status"] == "done" and p["n_prompts"] == 4 for p in pairs.values()), pairs
     html = (root / "reports" / "vllm" / "index.html").read_text()
     assert "engine: transformers vs vllm" in html and "engine: llama.cpp vs vllm" in html
@@ -438,3 +442,17 @@ def test_each_axis_sets_the_engine_argument_vllm_documents():
     assert engine_env(SimpleNamespace(cell=plain, threads=None), "cuda") == {"VLLM_BATCH_INVARIANT": "0"}
     assert sampling_of({"strategy": "greedy"}) == {"temperature": 0.0}
     assert sampling_of({"strategy": "sample", "temperature": 0.7, "top_p": 0.9}) == {"temperature": 0.7, "top_p": 0.9}
+
+
+def test_a_vllm_endpoint_cell_is_sent_cold_or_warm_as_named(study):
+    """Cold: every request with a salt no other had (vLLM reuses no cached prefix for it);
+    warm: each request sent once before the recorded one. On this server (prefix caching
+    off) both decode as the plain cell does, bitwise."""
+    _, cells = study
+    cold, warm, plain = (cells[k][1]["engine"] for k in ("served_cold", "served_warm", "served"))
+    assert (cold["server_cache"], cold["cache_salt"], cold["warming_requests"]) == ("cold", "fresh per request", 0)
+    assert (warm["server_cache"], warm["cache_salt"], warm["warming_requests"]) == ("warm", None, BENCH["n"])
+    assert plain["server_cache"] == "as_is" and "cache_salt" not in plain["request"]
+    tokens = {k: _rows(cells[k]) for k in ("served_cold", "served_warm", "served")}
+    assert [r["token_ids"] for r in tokens["served_cold"]] == [r["token_ids"] for r in tokens["served"]]
+    assert [r["token_ids"] for r in tokens["served_warm"]] == [r["token_ids"] for r in tokens["served"]]

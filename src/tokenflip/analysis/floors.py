@@ -55,7 +55,7 @@ def repeat_rows(cells: list[Cell], metas: dict[str, dict]) -> list[dict[str, Any
         distinct = np.array([len({s[p] for s in streams}) for p in prompts])
         first = runs[0]
         rows.append({"cell_id": first.id, "run_cell_ids": [c.id for c in runs],
-                     **{k: v for k, v in first.as_dict().items() if k != "repeat"},
+                     **{k: v for k, v in first.fields().items() if k != "repeat"},
                      "runs": len(runs), "n_prompts": len(prompts), "n_varied": int((distinct > 1).sum()),
                      "max_distinct": int(distinct.max()) if len(prompts) else 0,
                      "mean_distinct": float(distinct.mean()) if len(prompts) else float("nan")})

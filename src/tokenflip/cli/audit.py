@@ -63,11 +63,16 @@ def endpoint_label(url: str, taken: tuple[str, ...] = ()) -> str:
     import re
     from urllib.parse import urlsplit
 
+    from tokenflip.run.engines import REGISTRY
+
     parts = urlsplit(url)
-    name = re.sub(r"[^A-Za-z0-9_.]", "_", f"{parts.hostname or 'server'}{'_' + str(parts.port) if parts.port else ''}")
-    name = name.lstrip(".")[:38] or "server"
+    host = re.sub(r"[^A-Za-z0-9_.]", "_", parts.hostname or "server").lstrip(".").replace("_vs_", "_v_s_")
+    port = f"_{parts.port}" if parts.port else ""
+    name = (host[: 36 - len(port)] or "server") + port  # the port kept: two deployments on one host
+    if name in REGISTRY:  # `http://vllm/v1` is not the vLLM engine
+        name += "_server"
     while name in taken:
-        name = name[:36] + "_b"
+        name = name[:37] + "_b"
     return name
 
 
@@ -95,6 +100,11 @@ def study(args, endpoints: dict[str, dict[str, Any]], reference: str) -> dict[st
     comparisons = [{"axis": "concurrency", "a": "default", "b": args.concurrency},
                    {"axis": "repeat", "a": "default", "b": 2}, {"axis": "load", "a": "none", "b": "busy"},
                    {"axis": "logprobs", "a": "on", "b": "off"}]
+    from tokenflip.run.engines.endpoint.engine import CACHE_SALT_SERVERS
+
+    if endpoints[first].get("server") in CACHE_SALT_SERVERS:  # its prefix cache cold vs warm
+        grids.append({**base, "engine": [first], "server_cache": ["cold", "warm"]})
+        comparisons.append({"axis": "server_cache", "a": "cold", "b": "warm"})
     for other in names[1:]:
         grids.append({**base, "engine": [other], "repeat": ["default", 2]})
         comparisons.append({"axis": "engine", "a": first, "b": other})
@@ -143,13 +153,29 @@ def tokenizer_entry(args) -> tuple[dict[str, Any], str]:
     return entry, label_of(args.model_name, entry)
 
 
+def model_name_of(given: Any) -> str:
+    """A study's name for the model a `--tokenizer` names: the last part of its hub id or
+    directory (`meta-llama/Llama-3.1-8B-Instruct` -> `Llama-3.1-8B-Instruct`), so that it is
+    never prepared over the embedded model's copy."""
+    import re
+
+    text = given.get("id") or given.get("file") or given.get("architecture") or "model" if isinstance(given, dict) \
+        else str(given)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(str(text).rstrip("/")).name).lstrip(".-")[:64]
+    return name or "model"
+
+
 def check_tokenizer(args, endpoints: dict[str, dict[str, Any]], label: str) -> None:
     """Refuse, before any job, a tokenizer that is not the served model's (each side)."""
     from tokenflip.run.engines.endpoint.server import tokenizer_of
     from tokenflip.run.engines.endpoint.tokenizer import mismatch
     from tokenflip.study.config import ConfigError
 
-    tokenizer = tokenizer_of(args.tokenizer)
+    try:
+        tokenizer = tokenizer_of(args.tokenizer)
+    except Exception as exc:  # noqa: BLE001 - no network, a gated repository, files that are no tokenizer
+        raise ConfigError(f"--tokenizer: the tokenizer of {label} cannot be loaded ({type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:300]})") from None
     for name, spec in endpoints.items():
         why = mismatch({"timeout_s": 60, "retries": 2, **spec}, tokenizer, label, name)
         if why and args.tokenizer_given is None:
@@ -160,6 +186,7 @@ def check_tokenizer(args, endpoints: dict[str, dict[str, Any]], label: str) -> N
 
 
 def cmd_audit(args) -> None:
+    from tokenflip.run.engines.endpoint.engine import CACHE_SALT_SERVERS
     from tokenflip.run.engines.endpoint.server import problem
     from tokenflip.study.config import ConfigError, validate
 
@@ -186,7 +213,12 @@ def cmd_audit(args) -> None:
         scores = scores_kind({**spec, "api": args.api}) if args.api == "completions" else "logprobs"
         endpoints[name] = side(args, url_, model, key_env, server, scores)
         print(f"tokenflip audit: {url_} is {server} ({scores}), named {name!r} in the study", file=sys.stderr)
+        if name == first and server not in CACHE_SALT_SERVERS:
+            print(f"tokenflip audit: its prefix cache is not compared cold vs warm: server {server!r} takes no "
+                  f"cache_salt, so no request can be kept from what earlier ones cached", file=sys.stderr)
     args.tokenizer_given = args.tokenizer
+    if args.model_name is None:  # the served weights' own name, where the user named them
+        args.model_name = model_name_of(args.tokenizer) if args.tokenizer is not None else "smollm2-135m"
     args.tokenizer, label = tokenizer_entry(args)
     check_tokenizer(args, endpoints, label)
     reference = args.reference
@@ -230,6 +262,15 @@ def cmd_serve(args) -> None:
     from tokenflip.run.engines.local_servers import free_port, gguf_of, llama_cpp_command, vllm_command, vllm_env
 
     port = args.port or free_port()
+    key = {}
+    if args.api_key_env:  # the server asks every request for it; it never reaches a command line
+        from tokenflip.study.config import ConfigError
+
+        if not os.environ.get(args.api_key_env):
+            raise ConfigError(f"--api-key-env: the variable ${args.api_key_env} is not set (it holds the key the "
+                              f"server will require)")
+        key = {"vllm": "VLLM_API_KEY", "llama.cpp": "API_KEY"}[args.engine]
+        key = {key: os.environ[args.api_key_env]}
     if args.engine == "llama.cpp":
         command, env = llama_cpp_command(gguf_of(DEFAULT_TOKENIZER), port, args.name), {}
     else:
@@ -239,8 +280,10 @@ def cmd_serve(args) -> None:
         if not (model_dir / "model.json").exists():
             prepare(DEFAULT_TOKENIZER, model_dir)
         command, env = vllm_command(model_dir, port, args.name, args.precision), vllm_env()
-    print(f"tokenflip serve: http://127.0.0.1:{port}/v1 serves {args.name!r}: {' '.join(command)}", file=sys.stderr)
-    os.execve(command[0], command, {**os.environ, **env})
+    needs = f", requiring the key in ${args.api_key_env}" if key else ""
+    print(f"tokenflip serve: http://127.0.0.1:{port}/v1 serves {args.name!r}{needs}: {' '.join(command)}",
+          file=sys.stderr)
+    os.execve(command[0], command, {**os.environ, **env, **key})
 
 
 def add_commands(sub) -> None:
@@ -267,8 +310,9 @@ def add_commands(sub) -> None:
                    help="the served model's tokenizer: a hub id, a local directory, or a config model entry (JSON); "
                         "prepared tokenizer-only (no weights) unless a local reference runs it. Default: the embedded "
                         "SmolLM2, and only where the server tokenizes as it does")
-    p.add_argument("--model-name", default="smollm2-135m", type=dirname,
-                   help="the name of those weights in the study (its prepared copy: resources/models/<name>)")
+    p.add_argument("--model-name", default=None, type=dirname,
+                   help="the name of those weights in the study (its prepared copy: resources/models/<name>; "
+                        "default: the last part of --tokenizer, else smollm2-135m)")
     p.add_argument("--reference", choices=["none", "transformers", "vllm"], default=None,
                    help="what the deployment is compared with besides itself: none, transformers on this machine "
                         "(its GPU where it has one, else its CPU) or vLLM offline on the same weights (default: "
@@ -306,6 +350,8 @@ def add_commands(sub) -> None:
     p.add_argument("--port", type=number(1, 65535, "port", integer=True), default=8000)
     p.add_argument("--name", default="smollm2", type=label, help="the served model name (default smollm2)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-                   help="the dtype vLLM computes in (default fp32: a CPU without avx512_bf16 runs bf16 slowly)")
+                   help="the dtype vLLM computes in (default fp32: a CPU without avx512_bf16 runs bf16 slowly); "
+                        "audit it with the same --precision")
+    p.add_argument("--api-key-env", help="require every request to carry the key this environment variable holds")
     p.set_defaults(func=cmd_serve)
 

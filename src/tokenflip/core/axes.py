@@ -53,6 +53,10 @@ class Axis:
     unprovable: str = ""
     # A non-default value, for tests built from this table.
     example: Any = None
+    # Written in a cell's record and job only away from its default: an axis added after
+    # cells exist changes none of them (their jobs and records stay byte for byte what they
+    # were, so Snakemake reruns nothing and the summary takes them as they are).
+    recorded_only_when_set: bool = False
 
     def value(self, raw: Any) -> Any:
         """The one form of a value in cells, pairs and checks (batch size an int, the rest
@@ -184,6 +188,12 @@ AXES_LIST: tuple[Axis, ...] = (
                      "the observer effect)",
          default="on", on_off=True, provenance=("engine.scores",),
          proof=Proof("engine.logprobs_returned", lambda job, rec: job.cell.logprobs == "on"), example="off"),
+    Axis("server_cache", _enum("as_is", "cold", "warm"), "the server's prefix cache",
+         description="what a live endpoint's prefix cache holds of a prompt when it is sent: as_is = whatever "
+                     "the server's traffic left; cold = nothing (a fresh cache_salt per request: vLLM); warm = "
+                     "the prompt itself (each request sent once before the one recorded)",
+         default="as_is", proof=Proof("engine.server_cache", lambda job, rec: job.cell.server_cache),
+         example="warm", recorded_only_when_set=True),
     Axis("batch_invariant", _enum("off", "on"), "batch-invariant kernels",
          description="vLLM: on = VLLM_BATCH_INVARIANT=1 (batch-invariant kernels; CUDA only)",
          default="off", on_off=True, example="on"),

@@ -54,8 +54,15 @@ class Cell(_CellFields):
     def id(self) -> str:
         return f"{self.model}/{self.benchmark}/{self.name}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, Any]:
+        """Every field, every axis included (the summary's columns)."""
         return asdict(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field, but an axis added after cells existed only away from its default
+        (`Axis.recorded_only_when_set`); `from_dict` reads it back either way."""
+        return {key: value for key, value in asdict(self).items()
+                if not (key in AXES and AXES[key].recorded_only_when_set and value == AXES[key].grid_default)}
 
     def value(self, axis: str) -> Any:
         return getattr(self, axis)
@@ -123,7 +130,7 @@ class Pair:
 
     def shared(self) -> dict[str, Any]:
         """Every axis value the two cells share (the compared axis left out)."""
-        return {k: v for k, v in self.a.as_dict().items() if k != self.axis}
+        return {k: v for k, v in self.a.fields().items() if k != self.axis}
 
     @classmethod
     def from_parts(cls, model: str, benchmark: str, axis: str, a: str, b: str, context: str) -> "Pair":

@@ -74,14 +74,24 @@ class Server:
     """A server process (its own process group, its output in `log`), ready once `url`
     lists `name`; stopped with the group."""
 
-    def __init__(self, command: list[str], url: str, name: str, log: str | Path, env: dict[str, str] | None = None):
+    def __init__(self, command: list[str], url: str, name: str, log: str | Path, env: dict[str, str] | None = None,
+                 api_key: str | None = None):
         self.command, self.url, self.name, self.log = command, url, name, Path(log)
         self.env = {**os.environ, **(env or {})}
+        self.api_key = api_key  # what a server started behind a key asks of the readiness check
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 600) -> "Server":
-        from tokenflip.run.engines.endpoint.server import served_models
+    def _lists_name(self) -> bool:
+        import httpx2
 
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            models = httpx2.get(self.url.rstrip("/") + "/models", headers=headers, timeout=2.0).json()["data"]
+            return any(isinstance(m, dict) and m.get("id") == self.name for m in models)
+        except Exception:  # noqa: BLE001 - not up yet, or not answering a model list yet
+            return False
+
+    def start(self, timeout: float = 600) -> "Server":
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                             start_new_session=True)
@@ -89,8 +99,7 @@ class Server:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.command[:3]} exited with {self.process.returncode}; its log: {self.log}")
-            models, _ = served_models({"url": self.url}, timeout=2.0)
-            if models and any(m["id"] == self.name for m in models):
+            if self._lists_name():
                 return self
             time.sleep(1.0)
         self.stop()

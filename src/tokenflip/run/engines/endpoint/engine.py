@@ -11,7 +11,9 @@ the same weights.
   (`responses`) with each step's top-k scores.
 - Axes: `concurrency` (requests the client keeps in flight; default one), `load` (other
   requests kept in flight beside them, `loads`), `order` (given, reversed, shuffled),
-  `logprobs` (on, off: the observer effect), `repeat` (the endpoint's own noise).
+  `logprobs` (on, off: the observer effect), `repeat` (the endpoint's own noise),
+  `server_cache` (its prefix cache cold, warm or as left: a fresh `cache_salt` per request,
+  or each request sent once before the recorded one).
 - What the server did is recorded: its identity (`/v1/models`, `/version`, fingerprints,
   the `server` header), the request fields sent, the requests in flight over time, and the
   steps where a greedy cell's chosen token was not the server's top score.
@@ -23,6 +25,7 @@ import asyncio
 import importlib.metadata
 import random
 import time
+import uuid
 from typing import Any, Iterator
 
 from tokenflip.core.axes import Proof
@@ -39,6 +42,9 @@ EXTENSIONS = {
     "vllm": lambda eos: {"return_token_ids": True, "return_tokens_as_token_ids": True, "stop_token_ids": eos},
     "sglang": lambda eos: {"return_token_ids": True, "stop_token_ids": eos},
 }
+# Servers that take a `cache_salt`: a request whose salt no other request had reuses no
+# cached prefix (vLLM's isolation of tenants' prefix caches), so a cell can be sent cold.
+CACHE_SALT_SERVERS = ("vllm",)
 # Servers whose API takes `top_k` for sampling.
 TOP_K_SERVERS = ("vllm", "sglang", "llama.cpp", "tgi", "ollama")
 
@@ -46,7 +52,8 @@ TOP_K_SERVERS = ("vllm", "sglang", "llama.cpp", "tgi", "ollama")
 class Endpoint(Engine):
     """One configured endpoint (`name`: its key under `endpoints`)."""
 
-    honours = ("precision", "cache", "decoding", "repeat", "engine", "concurrency", "load", "order", "logprobs")
+    honours = ("precision", "cache", "decoding", "repeat", "engine", "concurrency", "load", "order", "logprobs",
+               "server_cache")
     proofs = {
         # A server does not say what it computes in: the precision is the one the study states
         # for it, recorded as such (docs/internals.md lists the proofs that are only stated).
@@ -94,6 +101,9 @@ class Endpoint(Engine):
             if spec.get("top_k") and server not in TOP_K_SERVERS:
                 yield (f"{where}: endpoint {self.name!r} with decoding {label!r}: top_k is not a field of the "
                        f"OpenAI API, and server {server!r} takes none")
+        if "cold" in [str(v) for v in grid_values(grid, "server_cache", defaults)] and server not in CACHE_SALT_SERVERS:
+            yield (f"{where}: endpoint {self.name!r} with server_cache 'cold': server {server!r} takes no cache_salt, "
+                   f"so a request cannot be kept from its prefix cache (compare warm with as_is)")
         if self.spec.get("api") == "chat":
             for name in grid.get("benchmarks", list(config["benchmarks"])):
                 if config["benchmarks"][name].get("prompt", {}).get("format") == "bare":
@@ -183,10 +193,16 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
             body["prompt"] = prompts[index] if as_ids else tokenizer.decode(prompts[index])
         if job.decoding["strategy"] != "greedy":
             body["seed"] = prompt_seed(job.run_seed, item.id)
+        if cell.server_cache == "cold":  # no other request had this salt: nothing cached is reused
+            body["cache_salt"] = uuid.uuid4().hex
         bodies.append((f"endpoint {engine.name!r}, prompt {item.id!r}", body))
     background = server.background_prompts(job, tokenizer, as_ids, fields)
     identity = server.identity(spec)
     concurrency = 1 if cell.concurrency == "default" else int(cell.concurrency)
+    primed = 0
+    if cell.server_cache == "warm":  # each request once before the recorded one: its prefix is cached
+        asyncio.run(client.run(spec, [(f"{what} (warming)", body) for what, body in bodies], 1, None, None))
+        primed = len(bodies)
     start = time.perf_counter()
     answers, traffic = asyncio.run(client.run(spec, bodies, concurrency, job.load, background))
     wall = time.perf_counter() - start
@@ -206,9 +222,15 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
         "engine": {
             "name": engine.name, "kind": "endpoint", "api": spec["api"], "server_kind": spec.get("server", "openai"),
             "precision_stated": cell.precision, "use_cache": True,
+            "server_cache": cell.server_cache, "warming_requests": primed,
+            "cache_salt": "fresh per request" if cell.server_cache == "cold" else None,
             "server": {**identity, **server.answered(answers)},
             "request": {key: value for key, value in fields.items() if key not in ("model",)},
             "prompts_as": "ids" if as_ids else ("messages" if spec["api"] == "chat" else "text"),
+            # Whose chat template made the prompt: the server's own (chat API), the local tokenizer's
+            # (as every local engine's), or none (bare text).
+            "chat_template": "the server's" if spec["api"] == "chat" else (
+                "the local tokenizer's" if bench.prompt_style["format"] == "chat" else "none (bare text)"),
             "scores": responses.scores_kind(reads, spec.get("scores", "logprobs")) if logprobs else "none",
             "logprobs_returned": any(r.top_scores.size and bool((r.top_ids >= 0).any()) for r in reads),
             "ids_from": sorted({r.ids_from for r in reads}),

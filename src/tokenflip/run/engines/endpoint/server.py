@@ -69,23 +69,40 @@ def endpoint_problems(config: dict[str, Any], cells, model_dir: Callable[[str], 
     names = dict.fromkeys(cell.engine for cell in cells if cell.engine in endpoints)
     found = {name: problem(name, endpoints[name]) for name in names}
     problems = [p for p in found.values() if p]
+    tokenizers: dict[str, Any] = {}
     for name, model in dict.fromkeys((cell.engine, cell.model) for cell in cells if cell.engine in names):
-        if found[name] is None:
-            why = mismatch(endpoints[name], tokenizer_of(config["models"][model], model_dir and model_dir(model)),
-                           label_of(model, config["models"][model]), name)
-            if why:
-                problems.append(why)
+        if found[name] is not None:
+            continue
+        label = label_of(model, config["models"][model])
+        if model not in tokenizers:
+            try:
+                tokenizers[model] = tokenizer_of(config["models"][model], model_dir and model_dir(model))
+            except Exception as exc:  # noqa: BLE001 - a hub without network, a gated repository: said in one line
+                tokenizers[model] = None
+                problems.append(f"{label}: its tokenizer cannot be loaded to check it against endpoint {name!r} "
+                                f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})")
+        if tokenizers[model] is not None and (why := mismatch(endpoints[name], tokenizers[model], label, name)):
+            problems.append(why)
     return problems
 
 
 def tokenizer_of(spec: dict[str, Any], prepared: str | None = None):
-    """A model entry's tokenizer: its prepared copy's where there is one, else its source's."""
+    """A model entry's tokenizer: its prepared copy's where that was prepared from this very
+    entry (a copy of an earlier entry under the same name is replaced before any cell reads
+    it, so it is not the one to check), else its source's (no weight read)."""
+    import json
     import os
 
     from tokenflip.models.prepare import MANIFEST, RANDOM_TOKENIZER, _load_tokenizer, load_tokenizer
 
-    if prepared and os.path.exists(os.path.join(prepared, MANIFEST)):
-        return load_tokenizer(prepared)
+    manifest = os.path.join(prepared, MANIFEST) if prepared else None
+    if manifest and os.path.exists(manifest):
+        try:
+            same = json.loads(open(manifest).read()).get("spec") == spec
+        except (OSError, ValueError):
+            same = False
+        if same:
+            return load_tokenizer(prepared)
     return _load_tokenizer(RANDOM_TOKENIZER if spec.get("source") == "random" else spec)
 
 
@@ -162,7 +179,10 @@ def findings(items, reads, decoding: dict[str, Any], answers, prompts: list[list
 
 def summary_columns(meta: dict[str, Any]) -> dict[str, Any]:
     """A cell's endpoint figures for the summary's cells table (None for other engines): what
-    the client held in flight, what the scores are, where ids came from, and the findings."""
+    the client held in flight, what the scores are, where ids came from, whose chat template
+    made the prompts, the findings, and what the server said it is (its model entry's id and
+    `max_model_len`, and the `system_fingerprint`s of its answers, which change with its
+    build or configuration)."""
     engine = meta.get("engine") or {}
     endpoint = engine.get("kind") == "endpoint"
     traffic = meta.get("traffic") or {}
@@ -170,8 +190,11 @@ def summary_columns(meta: dict[str, Any]) -> dict[str, Any]:
     off_top = (found.get("not_top_choice") or {}).get("steps") or {}
     server = engine.get("server") or {}
     version = (server.get("version") or {}).get("version") if isinstance(server.get("version"), dict) else None
+    entry = server.get("model_entry") or {}
+    length = entry.get("max_model_len")
     return {
         "endpoint_server": f"{engine.get('server_kind')} {version or ''}".strip() if endpoint else None,
+        "chat_template": engine.get("chat_template") if endpoint else None,
         "in_flight_mean": traffic.get("mean_in_flight") if endpoint else None,
         "in_flight_most": traffic.get("most_in_flight") if endpoint else None,
         "background_in_flight_mean": (traffic.get("background") or {}).get("mean_in_flight") if endpoint else None,
@@ -182,4 +205,8 @@ def summary_columns(meta: dict[str, Any]) -> dict[str, Any]:
         "not_top_choice_steps": "; ".join(f"{p}: {', '.join(map(str, s))}" for p, s in off_top.items())
         if endpoint else None,
         "prompts_counted_otherwise": len(found.get("prompt_tokens_counted_otherwise") or {}) if endpoint else None,
+        "endpoint_model": entry.get("id") if endpoint else None,
+        "endpoint_max_model_len": int(length) if endpoint and isinstance(length, (int, float)) else None,
+        "endpoint_fingerprints": ", ".join(map(str, server.get("system_fingerprints") or [])) or None
+        if endpoint else None,
     }

@@ -37,12 +37,26 @@ def _routes(spec: dict[str, Any], text: str) -> list[tuple[str, dict[str, Any]]]
     vllm = ("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
     llama_cpp_python = ("/extras/tokenize", {"model": model, "input": text})
     llama_cpp_native = ("/tokenize", {"content": text, "add_special": False})
+    tgi = ("/tokenize", {"inputs": text, "add_special_tokens": False})
     kind = spec.get("server", "openai")
     if kind in ("vllm", "sglang"):
         return [vllm]
     if kind == "llama.cpp":
         return [llama_cpp_python, llama_cpp_native]
-    return [vllm, llama_cpp_python, llama_cpp_native]
+    if kind == "tgi":
+        return [tgi]
+    return [vllm, llama_cpp_python, llama_cpp_native, tgi]
+
+
+def _ids(answer: Any) -> list[int] | None:
+    """The ids a tokenize route answered: `{"tokens": [ids]}` (vLLM, SGLang, llama.cpp), or a
+    list of `{"id": ...}` (TGI)."""
+    tokens = answer.get("tokens") if isinstance(answer, dict) else answer
+    if isinstance(tokens, list) and tokens and all(isinstance(t, dict) for t in tokens):
+        tokens = [t.get("id") for t in tokens]
+    if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        return tokens
+    return None
 
 
 def server_ids(spec: dict[str, Any], text: str, timeout: float = 10.0) -> tuple[list[int] | None, str]:
@@ -57,12 +71,11 @@ def server_ids(spec: dict[str, Any], text: str, timeout: float = 10.0) -> tuple[
         url = _root(spec["url"]) + path
         try:
             response = httpx2.post(url, json=body, headers=headers, timeout=timeout)
-            tokens = response.json().get("tokens") if response.status_code == 200 else None
+            tokens = _ids(response.json()) if response.status_code == 200 else None
         except Exception as exc:  # noqa: BLE001 - a route the server lacks or garbles: the next one
             tried.append(f"{url}: {type(exc).__name__}")
             continue
-        if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool)
-                                                       for t in tokens):
+        if tokens is not None:
             return tokens, url
         tried.append(f"{url}: {response.status_code}")
     return None, "no tokenize route answered (" + "; ".join(tried) + ")"
@@ -100,8 +113,12 @@ def _unspelled(spec: dict[str, Any], tokenizer, label: str, where: str, why_no_r
     from tokenflip.run.engines.endpoint import client
     from tokenflip.run.engines.endpoint.responses import Vocabulary
 
-    body = {"model": spec["model"], "max_tokens": 16, "temperature": 0.0, "logprobs": 5, "prompt": PROBE_TEXT}
-    probe_spec = {"timeout_s": 60, "retries": 1, **spec, "api": "completions"}
+    chat = spec.get("api") == "chat"
+    body = {"model": spec["model"], "max_tokens": 16, "temperature": 0.0,
+            **({"logprobs": True, "top_logprobs": 5, "messages": [{"role": "user", "content": PROBE_TEXT}]} if chat
+               else {"logprobs": 5, "prompt": PROBE_TEXT})}
+    probe_spec = {**spec, "api": "chat" if chat else "completions", "retries": 1,
+                  "timeout_s": min(float(spec.get("timeout_s") or 60), 60.0)}
 
     async def ask():
         api = client.client(probe_spec, 1)
@@ -109,16 +126,12 @@ def _unspelled(spec: dict[str, Any], tokenizer, label: str, where: str, why_no_r
             return await client.request(api, probe_spec, body, "the tokenizer probe")
 
     try:
-        answer = asyncio.run(ask())
-    except client.EndpointError as exc:
-        return f"{where}: its tokenizer cannot be checked ({why_no_route}; the probe completion failed: {exc})"
-    logprobs = answer.body["choices"][0].get("logprobs") or {}
-    tokens = set(logprobs.get("tokens") or [])
-    for top in logprobs.get("top_logprobs") or []:
-        tokens.update(top or {})
+        choice = asyncio.run(ask()).body["choices"][0]
+        tokens = _returned_tokens(choice, chat)
+    except (client.EndpointError, LookupError, TypeError, AttributeError, ValueError) as exc:
+        return _unchecked(where, f"{why_no_route}; the probe completion failed: {exc}")
     if not tokens:
-        return (f"{where}: its tokenizer cannot be checked: {why_no_route}, and its completions return no tokens "
-                f"(logprobs); name a server kind that tokenizes, or compare on a server that does")
+        return _unchecked(where, f"{why_no_route}, and its completions return no tokens (logprobs)")
     vocabulary = Vocabulary(tokenizer)
     size = len(tokenizer)
     unspelled = sorted(t for t in tokens if not 0 <= vocabulary.id_of(t) < size)  # `token_id:N` too
@@ -134,3 +147,25 @@ def label_of(name: str, spec: dict[str, Any]) -> str:
     where = {"hf": lambda: spec.get("id"), "gguf-package": lambda: f"{spec.get('package')}/{spec.get('file')}",
              "random": lambda: f"a random {spec.get('architecture')} (the embedded SmolLM2 tokenizer)"}
     return f"model {name!r} ({where.get(spec.get('source'), lambda: spec.get('source'))()})"
+
+
+def _returned_tokens(choice: dict[str, Any], chat: bool) -> set[str]:
+    """Every token text a completion's logprobs name: the chosen ones and the alternatives."""
+    logprobs = choice.get("logprobs") or {}
+    if chat:
+        steps = logprobs.get("content") or []
+        return {str(s["token"]) for s in steps} | {str(a["token"]) for s in steps for a in s.get("top_logprobs") or []}
+    tokens = {str(t) for t in logprobs.get("tokens") or []}
+    for top in logprobs.get("top_logprobs") or []:
+        tokens.update(str(t) for t in (top or {}))
+    return tokens
+
+
+def _unchecked(where: str, why: str) -> None:
+    """A server whose tokenizer nothing can check (no tokenize route, no logprobs): said, not
+    refused, since such a server can still be audited on its text (ids from text)."""
+    import sys
+
+    print(f"tokenflip: warning: {where}: its tokenizer cannot be checked against the local one ({why}); its ids "
+          f"are read from its text with the local tokenizer", file=sys.stderr)
+    return None
