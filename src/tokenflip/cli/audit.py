@@ -222,6 +222,8 @@ def cmd_audit(args) -> None:
     args.tokenizer, label = tokenizer_entry(args)
     check_tokenizer(args, endpoints, label)
     reference = args.reference
+    print(f"tokenflip audit: the server's precision: {args.precision}, as stated (--precision; no server reports "
+          f"it)", file=sys.stderr)
     print(f"tokenflip audit: prompts encoded with the tokenizer of {label}; reference: "
           + ("none (the deployment against itself only)" if reference == "none" else
              f"local {reference} on those weights, {args.precision}, on this machine's "
