@@ -119,8 +119,8 @@ def study(args, endpoints: dict[str, dict[str, Any]], reference: str) -> dict[st
         "endpoints": endpoints,
         "loads": {"busy": {"requests": args.load, "prompt_tokens": 256, "max_tokens": 64}},
         "grids": grids, "comparisons": comparisons,
-        "report": {"title": f"Audit of {args.model} at {args.url}"
-                            + (f" against {args.against_model or args.model} at {args.against}" if args.against else "")},
+        "report": {"title": f"Audit of {args.model} at {args.url}" + (
+            f" against {args.against_model or args.model} at {args.against}" if args.against else "")},
     }
 
 
