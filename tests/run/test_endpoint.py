@@ -242,51 +242,12 @@ def test_audit_refuses_a_tokenizer_that_is_not_the_served_models_before_any_job(
     assert not (tmp_path / "audit-audit.yaml").exists() and not (tmp_path / "results").exists()
 
 
-def test_tokenflip_audit_of_two_llama_cpp_deployments_judges_each_comparison(servers, tmp_path):
-    """`tokenflip audit URL --model NAME --against URL_B` asks each server what it is, writes
-    the study (each endpoint named by its host and port), runs it through Snakemake and
-    prints the report: a verdict for each comparison, the first deployment's findings name
-    the steps where the server did not choose its own top token."""
-    shutil.copytree(servers["model_dir"], tmp_path / "resources" / "models" / "smollm2")
-    first, second = (f"127.0.0.1_{servers[k].rsplit(':', 1)[1].split('/')[0]}" for k in ("llama", "llama_two_threads"))
-    argv = [sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME, "--against",
-            servers["llama_two_threads"], "--model-name", "smollm2", "--prompts", "2", "--max-tokens", "32",
-            "--concurrency", "2", "--load", "1", "--reference", "none", "--precision", "fp32", "--run", "audited"]
-    # The second deployment asks for a key: refused naming the option that gives it, before any job.
-    refused = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 1 and f"{servers['llama_two_threads']}/models answered 401" in refused.stderr
-    assert "name the variable that holds it with --api-key-env" in refused.stderr
-    assert not (tmp_path / "results").exists()
-    proc = subprocess.run([*argv, "--against-key-env", "SECOND_KEY"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "SECOND_KEY": SECOND_KEY})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"{servers['llama']} is llama.cpp (logprobs), named {first!r} in the study" in proc.stderr
-    assert f"{servers['llama_two_threads']} is llama.cpp (logprobs), named {second!r}" in proc.stderr
-    assert "reference: none (the deployment against itself only)" in proc.stderr
-    report = tmp_path / "reports" / "audited" / "index.html"
-    assert f"report: {report}" in proc.stdout
-    html = report.read_text()
-    assert "the server chose a token below its own top score at temperature 0 (arithmetic-s0-0000: " in html
-    written = cfg.read_yaml(tmp_path / "audit-audited.yaml")
-    assert written["endpoints"][first] == {"url": servers["llama"], "model": NAME, "api": "completions",
-                                           "server": "llama.cpp", "scores": "logprobs"}
-    assert written["endpoints"][second] == {"url": servers["llama_two_threads"], "model": NAME, "api": "completions",
-                                            "server": "llama.cpp", "scores": "logprobs", "api_key_env": "SECOND_KEY"}
-    assert SECOND_KEY not in (tmp_path / "audit-audited.yaml").read_text()
-    assert {(c["axis"], str(c["a"]), str(c["b"])) for c in written["comparisons"]} == {
-        ("concurrency", "default", "2"), ("repeat", "default", "2"), ("load", "none", "busy"),
-        ("logprobs", "on", "off"), ("engine", first, second)}
-    pairs = storage.read_table(tmp_path / "results" / "audited" / "summary" / "pairs.parquet")[0].to_pylist()
-    judged = {(p["axis"], p["a"], p["b"]): p for p in pairs}
-    assert len(pairs) == len(judged) == 5, sorted(judged)  # each comparison once
-    assert judged[("engine", first, second)]["status"] == "done"
-    assert all(p["verdict"] for p in pairs), pairs
-    assert f"engine: {first} vs {second}" in html
-
-
-def test_tokenflip_audit_sends_a_teams_own_prompts_and_conversations_through_the_chat_api(servers, tmp_path):
-    """`--prompts-file` with chat conversations and text prompts, through the server's chat
-    API (its own chat template): every record answered, its text in the report."""
+def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(servers, tmp_path):
+    """`tokenflip audit URL --model NAME --against URL_B --api chat --prompts-file F` asks each
+    server what it is, writes the study (each endpoint named by its host and port), runs it
+    through Snakemake and prints the report: every record of the file (conversations and text
+    prompts, through the server's own chat template) answered, its text in the report, a
+    verdict for each comparison, and the steps where a server did not choose its own top token."""
     prompts = tmp_path / "traffic.jsonl"
     records = [{"id": "greeting", "prompt": "Say hello to a new colleague in one sentence."},
                {"id": "capital", "prompt": "What is the capital of France?", "answer": "Paris"},
@@ -298,21 +259,56 @@ def test_tokenflip_audit_sends_a_teams_own_prompts_and_conversations_through_the
                {"id": "sum", "messages": [{"role": "user", "content": "What is 17 + 25? Answer with the number."}]}]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     shutil.copytree(servers["model_dir"], tmp_path / "resources" / "models" / "smollm2")
-    proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME,
-                           "--api", "chat", "--prompts-file", str(prompts), "--model-name", "smollm2",
-                           "--max-tokens", "16", "--concurrency", "2", "--load", "1", "--reference", "none",
-                           "--precision", "fp32", "--run", "traffic"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    first, second = (f"127.0.0.1_{servers[k].rsplit(':', 1)[1].split('/')[0]}" for k in ("llama", "llama_two_threads"))
+    argv = [sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME, "--against",
+            servers["llama_two_threads"], "--api", "chat", "--prompts-file", str(prompts), "--model-name", "smollm2",
+            "--max-tokens", "16", "--concurrency", "2", "--load", "1", "--reference", "none", "--precision", "fp32",
+            "--run", "audited"]
+    # The second deployment asks for a key: refused naming the option that gives it, before any job.
+    refused = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 1 and f"{servers['llama_two_threads']}/models answered 401" in refused.stderr
+    assert "name the variable that holds it with --api-key-env" in refused.stderr
+    assert not (tmp_path / "results").exists()
+    proc = subprocess.run([*argv, "--against-key-env", "SECOND_KEY"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "SECOND_KEY": SECOND_KEY})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    written = cfg.read_yaml(tmp_path / "audit-traffic.yaml")
-    assert written["benchmarks"]["prompts"]["kind"] == "prompts" and "n" not in written["benchmarks"]["prompts"]
-    cell = next((tmp_path / "results" / "traffic" / "cells" / "smollm2" / "prompts").glob("fp32-on-bs1-greedy-none"
-                                                                                         "-engine=*.parquet"))
-    table, meta = storage.read_cell(cell)
+    assert f"{servers['llama']} is llama.cpp (logprobs), named {first!r} in the study" in proc.stderr
+    assert f"{servers['llama_two_threads']} is llama.cpp (logprobs), named {second!r}" in proc.stderr
+    assert "its prefix cache is not compared cold vs warm: server 'llama.cpp' takes no cache_salt" in proc.stderr
+    assert "reference: none (the deployment against itself only)" in proc.stderr
+    report = tmp_path / "reports" / "audited" / "index.html"
+    assert f"report: {report}" in proc.stdout
+
+    written = cfg.read_yaml(tmp_path / "audit-audited.yaml")
+    assert written["benchmarks"] == {"traffic": {"kind": "prompts", "source": {"path": str(prompts)},
+                                                 "max_new_tokens": 16}}
+    assert written["endpoints"][first] == {"url": servers["llama"], "model": NAME, "api": "chat",
+                                           "server": "llama.cpp", "scores": "logprobs"}
+    assert written["endpoints"][second] == {"url": servers["llama_two_threads"], "model": NAME, "api": "chat",
+                                            "server": "llama.cpp", "scores": "logprobs", "api_key_env": "SECOND_KEY"}
+    assert SECOND_KEY not in (tmp_path / "audit-audited.yaml").read_text()
+    assert {(c["axis"], str(c["a"]), str(c["b"])) for c in written["comparisons"]} == {
+        ("concurrency", "default", "2"), ("repeat", "default", "2"), ("load", "none", "busy"),
+        ("logprobs", "on", "off"), ("engine", first, second)}
+
+    cells = sorted((tmp_path / "results" / "audited" / "cells" / "smollm2" / "traffic").glob("*.parquet"))
+    assert len(cells) == 7  # 5 of the first deployment (one per knob), 2 of the second (its floor)
+    table, meta = storage.read_cell(cells[0])
     assert sorted(table.column("prompt_id").to_pylist()) == ["capital", "greeting", "sum", "support"]
-    assert meta["engine"]["prompts_as"] == "messages"
-    html = (tmp_path / "reports" / "traffic" / "index.html").read_text()
+    assert meta["engine"]["prompts_as"] == "messages" and meta["engine"]["chat_template"] == "the server's"
+    # Each knob once; each deployment's repeat floor; the two deployments on their first and
+    # on their second runs.
+    pairs = storage.read_table(tmp_path / "results" / "audited" / "summary" / "pairs.parquet")[0].to_pylist()
+    assert sorted((p["axis"], p["a"], p["b"]) for p in pairs) == sorted([
+        ("concurrency", "default", "2"), ("load", "none", "busy"), ("logprobs", "on", "off"),
+        ("repeat", "default", "2"), ("repeat", "default", "2"), ("engine", first, second),
+        ("engine", first, second)])
+    assert all(p["status"] == "done" and p["verdict"] for p in pairs), pairs
+
+    html = report.read_text()
+    assert f"engine: {first} vs {second}" in html
     assert "Order 1234, placed last Monday." in html and "What is 17 + 25?" in html  # "Your prompts"
+    assert "the server chose a token below its own top score at temperature 0 (" in html
 
 
 def test_a_cold_cell_is_refused_for_a_server_that_takes_no_cache_salt(servers):

@@ -114,7 +114,7 @@ def study(args, endpoints: dict[str, dict[str, Any]], reference: str) -> dict[st
     return {
         "run": args.run,
         "models": {args.model_name: args.tokenizer},
-        "benchmarks": {"prompts": prompts_entry(args)},
+        "benchmarks": {benchmark_name(args): prompts_entry(args)},
         "generation": {"record_top_k": args.top_k, "device": "auto" if reference != "none" else "cpu"},
         "endpoints": endpoints,
         "loads": {"busy": {"requests": args.load, "prompt_tokens": 256, "max_tokens": 64}},
@@ -122,6 +122,17 @@ def study(args, endpoints: dict[str, dict[str, Any]], reference: str) -> dict[st
         "report": {"title": f"Audit of {args.model} at {args.url}" + (
             f" against {args.against_model or args.model} at {args.against}" if args.against else "")},
     }
+
+
+def benchmark_name(args) -> str:
+    """The prompts' name in the study (their folder under results/): the file's own name, or
+    the built-in kind's."""
+    import re
+
+    if not args.prompts_file:
+        return args.benchmark
+    stem = Path(args.prompts_file).name.split(".")[0]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", stem).lstrip(".-")[:64] or "prompts"
 
 
 def prompts_entry(args) -> dict[str, Any]:
