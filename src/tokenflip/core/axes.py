@@ -192,7 +192,8 @@ AXES_LIST: tuple[Axis, ...] = (
          description="what a live endpoint's prefix cache holds of a prompt when it is sent: as_is = whatever "
                      "the server's traffic left; cold = nothing (a fresh cache_salt per request: vLLM); warm = "
                      "the prompt itself (each request sent once before the one recorded)",
-         default="as_is", proof=Proof("engine.server_cache", lambda job, rec: job.cell.server_cache),
+         default="as_is", provenance=("engine.server_cache", "engine.warming_requests", "engine.cache_salt"),
+         proof=Proof("engine.server_cache", lambda job, rec: job.cell.server_cache),
          example="warm", recorded_only_when_set=True),
     Axis("batch_invariant", _enum("off", "on"), "batch-invariant kernels",
          description="vLLM: on = VLLM_BATCH_INVARIANT=1 (batch-invariant kernels; CUDA only)",
