@@ -196,10 +196,14 @@ TABLE_FILES = {
 }
 
 
+# Rows of the provenance (metadata about the run, not its data): no CSV of their own.
+METADATA_ROWS = ("engine_rows",)
+
+
 def _table_files(context: dict[str, Any]) -> dict[str, str]:
     files = dict(TABLE_FILES)
     for key in sorted(context):
-        if key.endswith("_rows") and key not in files:
+        if key.endswith("_rows") and key not in files and key not in METADATA_ROWS:
             files[key] = f"{key.removesuffix('_rows')}.csv"
     return files
 
