@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from tokenflip.run.benchmarks.base import SOURCE_SCHEMA, Benchmark, BenchmarkError, Item, Score
-from tokenflip.run.benchmarks.math_equiv import RULES, find_math_answer, gold_answer, math_equal
+from tokenflip.run.benchmarks.math_equiv import RULES, find_math_answer, math_score
 from tokenflip.run.benchmarks.sources import Source, check_local, load_records
 
 __all__ = ["Math500Benchmark", "DEFAULT_SOURCE", "BOXED_SYSTEM_PROMPT", "BARE_INSTRUCTION"]
@@ -86,13 +86,7 @@ class Math500Benchmark(Benchmark):
 
     def score(self, item: Item, completion: str, finished: bool = True) -> Score:
         """math-verify's verdict on the text before the stop against the gold answer."""
-        answer = find_math_answer(self.scored_text(completion))
-        if answer.text is None:
-            return Score(None, False, answer.rule, "no_answer")
-        if item.id not in self._gold:
-            self._gold[item.id] = gold_answer(item.gold)
-        correct = math_equal(answer, self._gold[item.id])
-        return Score(answer.text, correct, answer.rule, "correct" if correct else "wrong")
+        return math_score(self.scored_text(completion), item, self._gold)
 
     def describe(self) -> dict:
         """Prompt format, n, scorer and its rules, and the source."""

@@ -112,3 +112,17 @@ def math_equal(answer: MathAnswer, gold: str | list) -> bool:
 
     seconds = _limits()["parsing_timeout"]
     return bool(verify(gold_answer(gold) if isinstance(gold, str) else gold, answer.parsed, timeout_seconds=seconds))
+
+
+def math_score(text: str, item, gold: dict) -> "Score":
+    """math-verify's verdict on scored `text` against `item`'s gold answer (parsed once per
+    item into `gold`): the one math scorer of MATH-500 and of a prompts file scored `math`."""
+    from tokenflip.run.benchmarks.base import Score
+
+    answer = find_math_answer(text)
+    if answer.text is None:
+        return Score(None, False, answer.rule, "no_answer")
+    if item.id not in gold:
+        gold[item.id] = gold_answer(item.gold)
+    correct = math_equal(answer, gold[item.id])
+    return Score(answer.text, correct, answer.rule, "correct" if correct else "wrong")

@@ -11,7 +11,7 @@ from typing import Any
 from tokenflip.run.benchmarks.answers import NUMERIC_RULES, find_answer, normalize_answer
 from tokenflip.run.benchmarks.base import SOURCE_SCHEMA, Benchmark, BenchmarkError, Item, Score
 from tokenflip.run.benchmarks.math_equiv import RULES as MATH_RULES
-from tokenflip.run.benchmarks.math_equiv import find_math_answer, gold_answer, math_equal
+from tokenflip.run.benchmarks.math_equiv import math_score
 from tokenflip.run.benchmarks.sources import Source, check_local, located_records
 
 __all__ = ["PromptsFileBenchmark", "SCORERS", "EXTENSIONS", "RECORD_KEYS", "ROLES", "MAX_RECORDS",
@@ -192,13 +192,7 @@ class PromptsFileBenchmark(Benchmark):
             return Score(text.strip(), None, "whole text", "not_scored")
         if self.scorer_name != "math":
             return super().score(item, completion, finished)
-        answer = find_math_answer(text)
-        if answer.text is None:
-            return Score(None, False, answer.rule, "no_answer")
-        if item.id not in self._gold:
-            self._gold[item.id] = gold_answer(item.gold)
-        correct = math_equal(answer, self._gold[item.id])
-        return Score(answer.text, correct, answer.rule, "correct" if correct else "wrong")
+        return math_score(text, item, self._gold)
 
     def describe(self) -> dict:
         """Prompt format, n, scorer and its rules, and the source (path and sha256, or hub coordinates)."""
