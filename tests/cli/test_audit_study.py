@@ -11,7 +11,7 @@ import argparse
 import pytest
 
 from tokenflip.cli.audit import endpoint_label, model_name_of, study
-from tokenflip.run.engines.endpoint.tokenizer import _ids
+from tokenflip.run.engines.endpoint.served_tokenizer import token_ids
 from tokenflip.study import config as cfg
 
 
@@ -82,8 +82,8 @@ def test_a_reference_is_compared_with_the_first_deployment():
     ({"tokens": [1, 2, 3], "count": 3, "max_model_len": 2048}, [1, 2, 3]),  # vLLM, SGLang
     ({"tokens": [5, 6]}, [5, 6]),  # llama.cpp's servers
     ([{"id": 7, "text": "a", "start": 0, "stop": 1}, {"id": 8, "text": "b", "start": 1, "stop": 2}], [7, 8]),  # TGI
-    ({"tokens": []}, None), ({"tokens": ["1"]}, None), ({"tokens": [True]}, None), ({"detail": "Not Found"}, None),
-    ([], None), ("text", None),
+    ({"tokens": []}, []), ([], []),  # an empty text's: none
+    ({"tokens": ["1"]}, None), ({"tokens": [True]}, None), ({"detail": "Not Found"}, None), ("text", None),
 ])
 def test_each_servers_tokenize_answer_is_read_and_anything_else_is_none(answer, ids):
-    assert _ids(answer) == ids
+    assert token_ids(answer) == ids

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -228,6 +227,78 @@ def test_an_endpoint_cell_of_a_tokenizer_only_model_records_its_digests(servers,
     assert meta["model"]["tokenizer_sha256"] == read_manifest(servers["model_dir"])["tokenizer_sha256"]
 
 
+def test_the_servers_own_tokenizer_is_the_embedded_one_over_http(servers, proxy, tmp_path):
+    """`source: server`: llama-cpp-python's /extras/tokenize and /extras/detokenize stand for
+    the served model's tokenizer. Its ids are the embedded tokenizer's on texts of several
+    scripts, and decode back to them; a token's id comes from its text; the end-of-sequence
+    token is the one the entry states (the server names none); a server without a route
+    back from ids to text is refused, naming each route it tried."""
+    from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizerError, connect
+    from tokenflip.run.engines.endpoint.server import tokenizer_of
+
+    embedded = tokenizer_of(SMOLLM2, str(servers["model_dir"]))
+    served = connect({"url": servers["llama"], "model": NAME, "server": "llama.cpp"}, eos_token="<|im_end|>")
+    for text in ("Hello world", "  two leading spaces", "Zürich 東京 🙂 — naïve", "def f(x):\n\treturn x ** 2",
+                 "12,345.678", "<|im_end|> after a special token"):
+        ids = served.encode(text, add_special_tokens=False)
+        assert ids == embedded(text, add_special_tokens=False)["input_ids"], text
+        assert served.decode(ids, skip_special_tokens=True) == embedded.decode(ids, skip_special_tokens=True), text
+    assert served.id_of_text(" the") == 260 and served.id_of_text("Zürich") == -1  # one token; three
+    assert (served.eos_token_id, served.info["eos_from"]) == (2, "the model entry's eos_token")
+    assert embedded.eos_token_id == 2
+    assert served.info["family"] == "llama-cpp-python" and served.chat_template is None  # no chat route for a client
+    assert connect({"url": servers["llama"], "model": NAME, "server": "llama.cpp"}).eos_token_id is None
+
+    proxy.missing = {"/extras/detokenize", "/detokenize"}
+    with pytest.raises(ServedTokenizerError) as err:
+        connect({"url": proxy.url, "model": NAME, "server": "llama.cpp"})
+    assert f"the server at {proxy.url} offers no tokenizer tokenflip can use (" in str(err.value)
+    assert f"{proxy.url.rsplit('/v1', 1)[0]}/extras/tokenize: " in str(err.value) and "--tokenizer" in str(err.value)
+
+
+def test_a_model_prepared_from_the_servers_tokenizer_decodes_as_the_embedded_one(servers, tmp_path):
+    """A model of `source: server` is prepared with no file of the model (its server's routes,
+    end-of-sequence id and the digest of its ids of fixed probe texts); its endpoint cell
+    is the embedded tokenizer's, token for token, and records where its tokenizer came
+    from. A chat benchmark it cannot render is refused before any job; a server whose ids
+    changed since the preparation is refused at the cell."""
+    from tokenflip.models.prepare import prepare
+    from tokenflip.run.engines.endpoint.server import endpoint_problems
+
+    config = _config(servers)
+    config["benchmarks"]["steps"]["format"] = "bare"  # rendered here: llama-cpp-python renders chat only itself
+    config = cfg.validate(config, source="endpoint.yaml", check_data=False)
+    served = {**config, "models": {"smollm2": {"source": "server", "endpoint": "llama", "eos_token": "<|im_end|>"}}}
+    served = cfg.validate(served, source="endpoint.yaml", check_data=False)
+    assert served["models"]["smollm2"]["served_by"] == {"url": servers["llama"], "model": NAME, "server": "llama.cpp"}
+    out = tmp_path / "models" / "smollm2"
+    manifest = prepare(served["models"]["smollm2"], out)
+    assert sorted(p.name for p in out.iterdir()) == ["generation_config.json", "model.json", "served_tokenizer.json"]
+    assert manifest["weights_sha256"] is None and manifest["tokenizer_only"] is True
+    assert manifest["tokenizer_from"] == f"the server at {servers['llama']} (llama-cpp-python routes)"
+
+    cell = Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine="llama")
+    run_cell(cell_job(served, cell), out, tmp_path / "served.parquet", progress=False)
+    run_cell(cell_job(config, cell), servers["model_dir"], tmp_path / "local.parquet", progress=False)
+    (table, meta), (local, _) = (storage.read_cell(tmp_path / f"{name}.parquet") for name in ("served", "local"))
+    for column in ("prompt_ids", "token_ids", "top_ids", "text"):
+        assert table.column(column).to_pylist() == local.column(column).to_pylist(), column
+    assert meta["model"]["tokenizer_sha256"] == manifest["tokenizer_sha256"]
+    assert meta["engine"]["tokenizer"] == "the server's own, over HTTP" and meta["eos_token_ids"] == [2]
+
+    chat = cfg.validate({**served, "benchmarks": {"steps": dict(BENCH)}}, source="endpoint.yaml", check_data=False)
+    assert any("renders no chat prompt for a client, so benchmark(s) ['steps'] (format chat) cannot be sent as "
+               "completions; use `api: chat`" in p for p in endpoint_problems(chat, [cell], lambda m: str(out)))
+
+    changed = json.loads((out / "served_tokenizer.json").read_text())
+    changed["info"]["probe_sha256"] = "0" * 64
+    from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizer, ServedTokenizerError
+
+    with pytest.raises(ServedTokenizerError, match="its tokenizer is not the one prepared from it .* the server "
+                                                   "changed; prepare the model again"):
+        ServedTokenizer(changed["spec"], changed["info"]).check()
+
+
 # --- One command: tokenflip audit ------------------------------------------------------
 
 def test_audit_refuses_a_tokenizer_that_is_not_the_served_models_before_any_job(servers, tmp_path):
@@ -258,10 +329,9 @@ def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(se
                    {"role": "user", "content": "Order 1234, placed last Monday."}]},
                {"id": "sum", "messages": [{"role": "user", "content": "What is 17 + 25? Answer with the number."}]}]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
-    shutil.copytree(servers["model_dir"], tmp_path / "resources" / "models" / "smollm2")
     first, second = (f"127.0.0.1_{servers[k].rsplit(':', 1)[1].split('/')[0]}" for k in ("llama", "llama_two_threads"))
     argv = [sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME, "--against",
-            servers["llama_two_threads"], "--api", "chat", "--prompts-file", str(prompts), "--model-name", "smollm2",
+            servers["llama_two_threads"], "--api", "chat", "--prompts-file", str(prompts), "--tokenizer", "server",
             "--max-tokens", "16", "--concurrency", "2", "--load", "1", "--reference", "none", "--precision", "fp32",
             "--run", "audited"]
     # The second deployment asks for a key: refused naming the option that gives it, before any job.
@@ -275,7 +345,8 @@ def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(se
     assert f"{servers['llama']} is llama.cpp (logprobs), named {first!r} in the study" in proc.stderr
     assert f"{servers['llama_two_threads']} is llama.cpp (logprobs), named {second!r}" in proc.stderr
     assert "its prefix cache is not compared cold vs warm: server 'llama.cpp' takes no cache_salt" in proc.stderr
-    assert "reference: none (the deployment against itself only)" in proc.stderr
+    assert (f"prompts encoded with model 'smollm2' (the tokenizer of the server at {servers['llama']}); reference: "
+            f"none (the deployment against itself only)") in proc.stderr
     report = tmp_path / "reports" / "audited" / "index.html"
     assert f"report: {report}" in proc.stdout
 
@@ -296,6 +367,13 @@ def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(se
     table, meta = storage.read_cell(cells[0])
     assert sorted(table.column("prompt_id").to_pylist()) == ["capital", "greeting", "sum", "support"]
     assert meta["engine"]["prompts_as"] == "messages" and meta["engine"]["chat_template"] == "the server's"
+    # The first server's tokenizer, asked over HTTP; no file of the model here.
+    assert written["models"] == {"smollm2": {"source": "server", "endpoint": first}}
+    assert meta["engine"]["tokenizer"] == "the server's own, over HTTP" and meta["model"]["weights_sha256"] is None
+    assert meta["model"]["tokenizer_from"] == f"the server at {servers['llama']} (llama-cpp-python routes)"
+    assert meta["engine"]["prompt_ids"].startswith("not known (the server renders its chat template")
+    assert sorted(p.name for p in (tmp_path / "resources" / "models" / "smollm2").glob("[!.]*")) == [
+        "generation_config.json", "model.json", "served_tokenizer.json"]
     # Each knob once; each deployment's repeat floor; the two deployments on their first and
     # on their second runs.
     pairs = storage.read_table(tmp_path / "results" / "audited" / "summary" / "pairs.parquet")[0].to_pylist()
@@ -309,6 +387,20 @@ def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(se
     assert f"engine: {first} vs {second}" in html
     assert "Order 1234, placed last Monday." in html and "What is 17 + 25?" in html  # "Your prompts"
     assert "the server chose a token below its own top score at temperature 0 (" in html
+    assert "none here (tokenizer only: the weights are the server's)" in html
+
+
+def test_without_a_tokenizer_the_audit_takes_the_embedded_one_only_where_the_server_tokenizes_alike(servers):
+    from types import SimpleNamespace
+
+    from tokenflip.cli.audit import DEFAULT_TOKENIZER, tokenizer_entry
+
+    endpoints = {"prod": {"url": servers["llama"], "model": NAME, "server": "llama.cpp"}}
+    args = SimpleNamespace(tokenizer=None, model_name=None, model=NAME, reference=None)
+    assert tokenizer_entry(args, endpoints) == (DEFAULT_TOKENIZER, "the embedded SmolLM2-135M-Instruct")
+    args.tokenizer = "server"
+    assert tokenizer_entry(args, endpoints) == ({"source": "server", "endpoint": "prod"},
+                                                f"model 'smollm2' (the tokenizer of the server at {servers['llama']})")
 
 
 def test_a_cold_cell_is_refused_for_a_server_that_takes_no_cache_salt(servers):

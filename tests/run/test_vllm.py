@@ -43,12 +43,14 @@ STUDY = {
     "models": {"smollm2": SMOLLM2},
     "benchmarks": {"steps": BENCH},
     "generation": {"record_top_k": K, "device": "cpu"},
-    "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["transformers"]},
-              {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
+    "grids": [{"models": ["smollm2"], "precision": ["fp32"], "cache": ["on"], "batch_size": [1],
+               "engine": ["transformers"]},
+              {"models": ["smollm2"], "precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
                "concurrency": ["default", 1]},
-              {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
+              {"models": ["smollm2"], "precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["vllm"],
                "prefix_cache": ["on"]},
-              {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["llama.cpp"]}],
+              {"models": ["smollm2"], "precision": ["fp32"], "cache": ["on"], "batch_size": [1],
+               "engine": ["llama.cpp"]}],
     "comparisons": [{"axis": "engine", "a": "transformers", "b": "vllm"},
                     {"axis": "engine", "a": "llama.cpp", "b": "vllm"},
                     {"axis": "concurrency", "a": 1, "b": "default"},
@@ -62,9 +64,13 @@ CELLS = {"transformers": "fp32-on-bs1-greedy-none",
 
 # The live endpoint: vLLM's OpenAI server with the offline cells' arguments (fp32, raw logits,
 # no prefix cache, eager), audited under load.
-ENDPOINT_GRIDS = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["served"], **axes}
+ENDPOINT_GRIDS = [{"models": ["smollm2"], "precision": ["fp32"], "cache": ["on"], "batch_size": [1],
+                   "engine": ["served"], **axes}
                   for axes in ({"concurrency": ["default", 4]}, {"repeat": [2]}, {"load": ["busy"]},
                                {"logprobs": ["off"]}, {"server_cache": ["cold", "warm"]})]
+# The same endpoint with the served model's tokenizer asked of vLLM itself (no local copy).
+ENDPOINT_GRIDS.append({"models": ["vllm-tokenizer"], "precision": ["fp32"], "cache": ["on"], "batch_size": [1],
+                       "engine": ["served"]})
 ENDPOINT_COMPARISONS = [{"axis": "concurrency", "a": "default", "b": 4}, {"axis": "repeat", "a": "default", "b": 2},
                         {"axis": "load", "a": "none", "b": "busy"}, {"axis": "logprobs", "a": "on", "b": "off"},
                         {"axis": "engine", "a": "transformers", "b": "served"},
@@ -100,7 +106,8 @@ def study(server, prepared_models, tmp_path_factory):
     from tokenflip.core import storage
 
     root = tmp_path_factory.mktemp("vllm-study")
-    config = {**STUDY, "grids": STUDY["grids"] + ENDPOINT_GRIDS,
+    config = {**STUDY, "models": {**STUDY["models"], "vllm-tokenizer": {"source": "server", "endpoint": "served"}},
+              "grids": STUDY["grids"] + ENDPOINT_GRIDS,
               "comparisons": STUDY["comparisons"] + ENDPOINT_COMPARISONS,
               "endpoints": {"served": {"url": server.url, "model": "smollm2", "server": "vllm",
                                        "scores": "raw_logits"}},
@@ -111,6 +118,8 @@ def study(server, prepared_models, tmp_path_factory):
     run_snakemake(root, write_yaml(root / "config.yaml", config), timeout=2400)
     cells = {key: storage.read_cell(root / "results" / "vllm" / "cells" / "smollm2" / "steps" / f"{name}.parquet")
              for key, name in {**CELLS, **ENDPOINT_CELLS}.items()}
+    cells["served_tokenizer"] = storage.read_cell(root / "results" / "vllm" / "cells" / "vllm-tokenizer" / "steps"
+                                                  / f"{ENDPOINT_CELLS['served']}.parquet")
     return root, cells
 
 
@@ -279,6 +288,20 @@ def test_a_vllm_endpoint_cell_is_the_offline_vllm_cell_bitwise(study):
         assert online.column(column).to_pylist() == offline.column(column).to_pylist(), column
     assert meta["token_stream_sha256"] == offline_meta["token_stream_sha256"]
     assert meta["logits_sha256"] == offline_meta["logits_sha256"]
+
+
+def test_a_cell_encoded_by_vllms_own_tokenizer_is_the_local_tokenizers_cell(study, server):
+    """The served model's tokenizer asked of vLLM itself (`source: server`: /tokenize, chat
+    messages through its own template, /detokenize) makes the ids the local tokenizer makes:
+    the same prompts sent, the same tokens, scores and texts back."""
+    root, cells = study
+    (served, meta), (local, _) = cells["served_tokenizer"], cells["served"]
+    for column in ("prompt_ids", "token_ids", "top_ids", "top_logits", "text"):
+        assert served.column(column).to_pylist() == local.column(column).to_pylist(), column
+    assert meta["model"]["tokenizer_from"] == f"the server at {server.url} (vllm routes)"
+    assert meta["engine"]["tokenizer"] == "the server's own, over HTTP" and meta["engine"]["prompts_as"] == "ids"
+    info = json.loads((root / "resources" / "models" / "vllm-tokenizer" / "served_tokenizer.json").read_text())["info"]
+    assert info["family"] == "vllm" and info["chat"] == "messages" and info["max_model_len"] == 2048
 
 
 def test_the_endpoint_client_holds_the_load_it_claims(study):

@@ -122,6 +122,12 @@ class Tokenizers:
                 return None
             try:
                 manifest, tokenizer = read_manifest(path), load_tokenizer(path)
+                if hasattr(tokenizer, "check"):  # a server's tokenizer: texts only while it answers, unchanged
+                    try:
+                        tokenizer.check()
+                    except Exception:  # noqa: BLE001 - the server is gone: ids without their texts
+                        self._loaded[model] = None
+                        return None
             except (ModelError, OSError, ValueError) as exc:
                 raise TokenizerError(f"{path}: the prepared tokenizer of model {model!r} cannot be read ({exc}); "
                                      "run the prepare_model rule for it") from None

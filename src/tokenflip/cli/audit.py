@@ -148,20 +148,45 @@ def prompts_entry(args) -> dict[str, Any]:
     return {**entry, "max_new_tokens": args.max_tokens}
 
 
-def tokenizer_entry(args) -> tuple[dict[str, Any], str]:
+def tokenizer_entry(args, endpoints: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], str]:
     """The model entry whose tokenizer encodes the prompts, and how it is named: the given
-    one (a JSON model entry, a hub id or a local directory), else the embedded SmolLM2.
-    Without a local reference, the given one is prepared tokenizer-only (no weight file)."""
+    one (a JSON model entry, a hub id or a local directory; prepared tokenizer-only, no weight
+    file, unless a local reference runs it), or `server`: the first server's own, over HTTP.
+    Without `--tokenizer`: the embedded SmolLM2 where every server tokenizes as it does (a
+    local reference can then run), else the server's own where it offers one, else refused."""
     from tokenflip.cli.args import model_spec
-    from tokenflip.run.engines.endpoint.tokenizer import label_of
+    from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizerError, connect
+    from tokenflip.run.engines.endpoint.server import tokenizer_of
+    from tokenflip.run.engines.endpoint.tokenizer import label_of, mismatch
+    from tokenflip.study.config import ConfigError, served_by
 
+    first = next(iter(endpoints))
+    served = {"source": "server", "endpoint": first}
+    served_label = label_of(args.model_name or model_name_of(args.model), {**served,
+                                                                          "served_by": served_by(endpoints[first])})
+    if args.tokenizer == "server":
+        return served, served_label
     if args.tokenizer is None:
-        return dict(DEFAULT_TOKENIZER), "the embedded SmolLM2-135M-Instruct"
+        embedded = tokenizer_of(DEFAULT_TOKENIZER)
+        if all(mismatch({"timeout_s": 60, "retries": 2, **spec}, embedded, "the embedded SmolLM2", name) is None
+               for name, spec in endpoints.items()):
+            return dict(DEFAULT_TOKENIZER), "the embedded SmolLM2-135M-Instruct"
+        try:
+            connect(served_by(endpoints[first]))
+        except ServedTokenizerError as exc:
+            raise ConfigError(f"{exc}. The embedded SmolLM2's tokenizer is not the served model's either") from None
+        return served, served_label
     given = args.tokenizer if isinstance(args.tokenizer, dict) else {"source": "hf", "id": str(args.tokenizer)}
-    if args.reference == "none" and given.get("source") in ("hf", "gguf-package"):
+    if args.reference in (None, "none") and given.get("source") in ("hf", "gguf-package"):
         given = {**given, "tokenizer_only": True}
     entry = model_spec(given, "--tokenizer")
     return entry, label_of(args.model_name, entry)
+
+
+def tokenizer_ref(text: str):
+    """`--tokenizer`: `server`, else a model as `model_ref` reads it (a directory named
+    `server` is `./server`)."""
+    return "server" if text == "server" else model_ref(text)
 
 
 def model_name_of(given: Any) -> str:
@@ -180,18 +205,18 @@ def check_tokenizer(args, endpoints: dict[str, dict[str, Any]], label: str) -> N
     """Refuse, before any job, a tokenizer that is not the served model's (each side)."""
     from tokenflip.run.engines.endpoint.server import tokenizer_of
     from tokenflip.run.engines.endpoint.tokenizer import mismatch
-    from tokenflip.study.config import ConfigError
+    from tokenflip.study.config import ConfigError, served_by
 
+    entry = args.tokenizer
+    if entry["source"] == "server":
+        entry = {**entry, "served_by": served_by(endpoints[entry["endpoint"]])}
     try:
-        tokenizer = tokenizer_of(args.tokenizer)
+        tokenizer = tokenizer_of(entry)
     except Exception as exc:  # noqa: BLE001 - no network, a gated repository, files that are no tokenizer
         raise ConfigError(f"--tokenizer: the tokenizer of {label} cannot be loaded ({type(exc).__name__}: "
                           f"{' '.join(str(exc).split())[:300]})") from None
     for name, spec in endpoints.items():
         why = mismatch({"timeout_s": 60, "retries": 2, **spec}, tokenizer, label, name)
-        if why and args.tokenizer_given is None:
-            why += (". The audit encodes with the embedded SmolLM2 only where the server tokenizes as it does: give "
-                    "--tokenizer with the served model's hub id or local directory")
         if why:
             raise ConfigError(why)
 
@@ -201,8 +226,6 @@ def cmd_audit(args) -> None:
     from tokenflip.run.engines.endpoint.server import problem
     from tokenflip.study.config import ConfigError, validate
 
-    if args.reference is None:  # a small embedded model runs here; a served 70B model does not
-        args.reference = "transformers" if args.tokenizer is None else "none"
     if args.against_model and not args.against:
         raise ConfigError("--against-model names the model of --against URL: give --against too")
     first = args.name or endpoint_label(args.url)
@@ -227,15 +250,23 @@ def cmd_audit(args) -> None:
         if name == first and server not in CACHE_SALT_SERVERS:
             print(f"tokenflip audit: its prefix cache is not compared cold vs warm: server {server!r} takes no "
                   f"cache_salt, so no request can be kept from what earlier ones cached", file=sys.stderr)
-    args.tokenizer_given = args.tokenizer
+    args.tokenizer, label = tokenizer_entry(args, endpoints)
+    source = args.tokenizer["source"]
     if args.model_name is None:  # the served weights' own name, where the user named them
-        args.model_name = model_name_of(args.tokenizer) if args.tokenizer is not None else "smollm2-135m"
-    args.tokenizer, label = tokenizer_entry(args)
+        args.model_name = ("smollm2-135m" if args.tokenizer == DEFAULT_TOKENIZER else
+                           model_name_of(args.model) if source == "server" else model_name_of(args.tokenizer))
+    if args.reference is None:  # a small embedded model runs here; a served 70B model does not
+        args.reference = "transformers" if args.tokenizer == DEFAULT_TOKENIZER else "none"
+    if source == "server" and args.reference != "none":
+        raise ConfigError(f"--reference {args.reference}: the prompts are encoded with the server's own tokenizer, so "
+                          f"no weights are at hand to run a local reference on (give them with --tokenizer, or "
+                          f"--reference none)")
     check_tokenizer(args, endpoints, label)
     reference = args.reference
     print(f"tokenflip audit: the server's precision: {args.precision}, as stated (--precision; no server reports "
           f"it)", file=sys.stderr)
-    print(f"tokenflip audit: prompts encoded with the tokenizer of {label}; reference: "
+    print(f"tokenflip audit: prompts encoded with {label if source == 'server' else 'the tokenizer of ' + label}; "
+          f"reference: "
           + ("none (the deployment against itself only)" if reference == "none" else
              f"local {reference} on those weights, {args.precision}, on this machine's "
              f"{'GPU' if _has_gpu() else 'CPU'}"), file=sys.stderr)
@@ -319,10 +350,11 @@ def add_commands(sub) -> None:
     p.add_argument("--against-model", help="the model name URL_B serves (default: --model)")
     p.add_argument("--against-name", type=label, help="URL_B's name in the study (default: its host and port)")
     p.add_argument("--against-key-env", help="the variable that holds URL_B's key (default: --api-key-env)")
-    p.add_argument("--tokenizer", type=model_ref, default=None,
-                   help="the served model's tokenizer: a hub id, a local directory, or a config model entry (JSON); "
-                        "prepared tokenizer-only (no weights) unless a local reference runs it. Default: the embedded "
-                        "SmolLM2, and only where the server tokenizes as it does")
+    p.add_argument("--tokenizer", type=tokenizer_ref, default=None,
+                   help="the served model's tokenizer: `server` (the server's own, over its tokenize routes: vLLM, "
+                        "SGLang, llama.cpp), a hub id, a local directory, or a config model entry (JSON); a given "
+                        "one is prepared tokenizer-only (no weights) unless a local reference runs it. Default: the "
+                        "embedded SmolLM2 where the server tokenizes as it does, else the server's own")
     p.add_argument("--model-name", default=None, type=dirname,
                    help="the name of those weights in the study (its prepared copy: resources/models/<name>; "
                         "default: the last part of --tokenizer, else smollm2-135m)")

@@ -27,6 +27,9 @@ from tokenflip.core import storage
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MANIFEST = "model.json"
+# A server's tokenizer, prepared: the server's URL and model, the routes it offers, the
+# special ids it names and its ids' digest (`run/engines/endpoint/served_tokenizer.py`).
+SERVED_TOKENIZER = "served_tokenizer.json"
 
 
 class ModelError(RuntimeError):
@@ -184,7 +187,14 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
     """
     out_dir = _own_output(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    if spec.get("tokenizer_only"):
+    served = None
+    if spec["source"] == "server":
+        from tokenflip.run.engines.endpoint import served_tokenizer
+
+        served = served_tokenizer.connect(_served_by(spec), spec.get("eos_token"))
+        config, generation, tokenizer = None, _generation_of(served), served
+        model = None
+    elif spec.get("tokenizer_only"):
         config, generation, tokenizer = build_tokenizer_only(spec)
         model = None
     else:
@@ -198,19 +208,26 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
     try:
         if model is not None:
             model.save_pretrained(tmp, safe_serialization=True)
-        else:
+        elif config is not None:
             config.save_pretrained(tmp)
+        if model is None:
             generation.save_pretrained(tmp)
+        if served is not None:  # where the server's tokenizer is, and what it answered
+            (tmp / SERVED_TOKENIZER).write_text(json.dumps({"spec": served.spec, "info": served.info}, indent=2,
+                                                           sort_keys=True))
         tokenizer.save_pretrained(tmp)
         weights = sorted(tmp.glob("*.safetensors"))
         manifest = {
             "spec": spec,
-            "architecture": config.model_type,
+            "architecture": config.model_type if config is not None else None,
             "tokenizer_only": model is None,
             "num_parameters": int(sum(p.numel() for p in model.parameters())) if model is not None else None,
             "stored_dtype": stored_dtype(model) if model is not None else None,
             "weights_sha256": digest_files(weights, tmp) if model is not None else None,
-            "tokenizer_sha256": digest_files(_tokenizer_files(tmp), tmp),
+            # A server's tokenizer has no files here: its ids of fixed probe texts stand for it.
+            "tokenizer_sha256": served.info["probe_sha256"] if served else digest_files(_tokenizer_files(tmp), tmp),
+            "tokenizer_from": f"the server at {served.spec['url']} ({served.info['family']} routes)" if served
+            else "files",
             # Every file a load reads, so that one edited in place is found and named (`verify_prepared`).
             "files": {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()},
             "source_digest": _source_digest(spec),
@@ -303,7 +320,7 @@ def verify_prepared(model_dir: str | Path, manifest: dict[str, Any], tokenizer_o
                                  f"model again (remove {root})")
         return
     wanted = {name for name in recorded
-              if not tokenizer_only or name.startswith(("tokenizer", "special_tokens", "chat_template"))}
+              if not tokenizer_only or name.startswith(("tokenizer", "special_tokens", "chat_template", "served_"))}
     present = {p.name for p in root.iterdir() if p.is_file() and not p.name.startswith(".")} - {MANIFEST}
     names = sorted(wanted & present)
     with ThreadPoolExecutor(max_workers=min(8, len(names) or 1)) as pool:  # the shards of a checkpoint side by side
@@ -327,6 +344,21 @@ def read_manifest(model_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _served_by(spec: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(spec.get("served_by"), dict):
+        raise ModelError(f"model of source 'server' (endpoint {spec.get('endpoint')!r}): no `served_by` (the "
+                         f"endpoint's URL and model, which a validated config fills in)")
+    return spec["served_by"]
+
+
+def _generation_of(served):
+    """The generation config of a server's model: the end-of-sequence id the server names
+    (or the entry states), none where neither does."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(eos_token_id=served.eos_token_id)
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -339,7 +371,13 @@ def load_tokenizer(model_dir: str | Path):
     """The tokenizer of a prepared model (no weights loaded)."""
     from transformers import AutoTokenizer
 
-    verify_prepared(model_dir, read_manifest(model_dir), tokenizer_only=True)
+    manifest = read_manifest(model_dir)
+    verify_prepared(model_dir, manifest, tokenizer_only=True)
+    if manifest["spec"].get("source") == "server":
+        from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizer
+
+        saved = json.loads((Path(model_dir) / SERVED_TOKENIZER).read_text())
+        return ServedTokenizer(saved["spec"], saved["info"])
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 

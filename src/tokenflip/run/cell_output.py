@@ -82,7 +82,7 @@ def decode_batches(job: CellJob, tokenizer, bench: Benchmark, decode_batch: Batc
 def model_record(manifest: dict[str, Any]) -> dict[str, Any]:
     return {k: manifest.get(k) for k in ("spec", "architecture", "num_parameters", "weights_sha256",
                                          "tokenizer_sha256", "source_digest", "resolved_revision",
-                                         "tokenizer_only")}
+                                         "tokenizer_only", "tokenizer_from")}
 
 
 def write_cell(job: CellJob, bench: Benchmark, rows: list[dict], eos: list[int], pad: int,

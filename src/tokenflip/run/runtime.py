@@ -11,7 +11,10 @@ import random
 
 
 def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Chat-template the messages into token ids, exactly once, with the generation prompt."""
+    """Chat-template the messages into token ids, exactly once, with the generation prompt
+    (by the server itself for a server's tokenizer)."""
+    if hasattr(tokenizer, "chat_ids"):
+        return tokenizer.chat_ids(messages)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -48,6 +51,12 @@ def check_prompts(tokenizer, bench, max_new_tokens: int | None = None, context: 
     import hashlib
 
     lengths, digest = [], hashlib.sha256()
+    if hasattr(tokenizer, "chat_ids") and not tokenizer.chat_template and bench.prompt_style["format"] == "chat":
+        # A server that renders its chat template only for its own chat API: an endpoint's
+        # `api: chat` cells send the messages, an `api: completions` cell is refused before it.
+        return {"benchmark": bench.name, "prompt_style": dict(bench.prompt_style), "prompts": len(bench.items()),
+                "min_tokens": None, "max_tokens": None, "prompt_ids_sha256": None,
+                "prompt_ids": "rendered by the server (its chat API)"}
     for item in bench.items():
         ids = encode_prompt(tokenizer, bench, item)
         lengths.append(len(ids))

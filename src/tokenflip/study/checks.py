@@ -84,9 +84,9 @@ def probe_engine_problems(config: dict[str, Any]) -> Iterator[str]:
 
 
 def tokenizer_only_problems(config: dict[str, Any]) -> Iterator[str]:
-    """A model prepared tokenizer-only has no weights: only an endpoint (whose server holds
-    them) can run its cells, and no probe can replay them."""
-    only = {name for name, spec in config["models"].items() if spec.get("tokenizer_only")}
+    """A model prepared tokenizer-only (or whose tokenizer is a server's) has no weights: only
+    an endpoint (whose server holds them) can run its cells, and no probe can replay them."""
+    only = {name for name, spec in config["models"].items() if spec.get("tokenizer_only") or spec["source"] == "server"}
     endpoints = set(config.get("endpoints", {}))
     for i, grid in enumerate(config["grids"]):
         models = only & set(grid.get("models", config["models"]))

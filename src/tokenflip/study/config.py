@@ -192,12 +192,34 @@ def validate(config: dict[str, Any], source: str = "config", check_data: bool = 
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
     apply_defaults(config, full_schema)
     _apply_stop_defaults(config)
-    problems = list(_semantic_problems(config))
+    problems = list(_resolve_served_models(config)) or list(_semantic_problems(config))
     if check_data and not problems:
         problems = list(_benchmark_problems(config))
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(f"{source}: {p}" for p in problems))
     return config
+
+
+def _resolve_served_models(config: dict[str, Any]):
+    """Fill each `source: server` model's `served_by` from the endpoint it names (the URL,
+    model, server kind and key variable its tokenizer is asked at), so that its preparation
+    and every cell record where the tokenizer came from, and a changed endpoint prepares it
+    again."""
+    endpoints = config.get("endpoints", {})
+    for name, spec in config["models"].items():
+        if spec.get("source") != "server":
+            continue
+        endpoint = endpoints.get(spec["endpoint"])
+        if endpoint is None:
+            yield (f"models.{name}.endpoint: {spec['endpoint']!r} is not defined under 'endpoints' (defined: "
+                   f"{sorted(endpoints)})")
+            continue
+        spec["served_by"] = served_by(endpoint)
+
+
+def served_by(endpoint: dict[str, Any]) -> dict[str, Any]:
+    """What of an endpoint entry says where its server's tokenizer is (not its timeouts)."""
+    return {key: endpoint[key] for key in ("url", "model", "server", "api_key_env") if endpoint.get(key) is not None}
 
 
 def _apply_stop_defaults(config: dict[str, Any]) -> None:

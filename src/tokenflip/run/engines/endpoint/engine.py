@@ -106,7 +106,7 @@ class Endpoint(Engine):
                    f"so a request cannot be kept from its prefix cache (compare warm with as_is)")
         if self.spec.get("api") == "chat":
             for name in grid.get("benchmarks", list(config["benchmarks"])):
-                if config["benchmarks"][name].get("prompt", {}).get("format") == "bare":
+                if config["benchmarks"][name].get("format") == "bare":
                     yield (f"{where}: endpoint {self.name!r} (api chat) with benchmark {name!r}: a bare prompt "
                            f"is plain text, which the completions API takes (api: completions)")
 
@@ -171,6 +171,13 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     if refused:
         raise client.EndpointError(refused)
     tokenizer = load_tokenizer(model_dir)
+    if hasattr(tokenizer, "check"):  # a server's tokenizer: still the one the model was prepared from
+        from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizerError
+
+        try:
+            tokenizer.check()
+        except (ServedTokenizerError, OSError) as exc:
+            raise client.EndpointError(f"model {cell.model!r}: {exc}") from None
     # Checked again here: a cell run outside the pipeline, or a server swapped since it began.
     wrong = tokenizer_check.mismatch(spec, tokenizer, tokenizer_check.label_of(cell.model, job.model),
                                      engine.name)
@@ -178,7 +185,10 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
         raise client.EndpointError(wrong)
     eos, pad = runtime.special_ids(GenerationConfig.from_pretrained(str(model_dir)), tokenizer)
     items = bench.items()
-    prompts = [runtime.encode_prompt(tokenizer, bench, item) for item in items]
+    # A chat prompt the server renders and no client can (llama-cpp-python's server): its ids
+    # are not known here, and recorded as none.
+    unrendered = spec["api"] == "chat" and bench.prompt_style["format"] == "chat" and not tokenizer.chat_template
+    prompts = [[] if unrendered else runtime.encode_prompt(tokenizer, bench, item) for item in items]
     logprobs = cell.logprobs == "on"
     fields = request_fields(spec, job.decoding, job.max_new_tokens, job.record_top_k, logprobs, list(bench.stop), eos)
     as_ids = spec.get("server") in ID_SERVERS and spec["api"] == "completions"
@@ -209,7 +219,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     by_index = dict(zip(order, answers))
     answers = [by_index[i] for i in range(len(items))]  # in the benchmark's order from here
     vocabulary = responses.Vocabulary(tokenizer)
-    eos_if_stopped = None if bench.stop else eos[0]
+    eos_if_stopped = eos[0] if eos and not bench.stop else None
     reads = [responses.read(answer.body["choices"][0], spec["api"], job.record_top_k, tokenizer, vocabulary,
                                      eos_if_stopped) for answer in answers]
     generations = [_generation(read) for read in reads]
@@ -227,6 +237,9 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
             "server": {**identity, **server.answered(answers)},
             "request": {key: value for key, value in fields.items() if key not in ("model",)},
             "prompts_as": "ids" if as_ids else ("messages" if spec["api"] == "chat" else "text"),
+            "prompt_ids": "not known (the server renders its chat template, and offers no route that shows it)"
+            if unrendered else "encoded by tokenflip",
+            "tokenizer": "the server's own, over HTTP" if getattr(tokenizer, "family", None) else "a local copy",
             # Whose chat template made the prompt: the server's own (chat API), the local tokenizer's
             # (as every local engine's), or none (bare text).
             "chat_template": "the server's" if spec["api"] == "chat" else (
@@ -236,7 +249,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
             "ids_from": sorted({r.ids_from for r in reads}),
             "client": {"openai": importlib.metadata.version("openai")},
         },
-        "findings": server.findings(items, reads, job.decoding, answers, prompts),
+        "findings": server.findings(items, reads, job.decoding, answers, None if unrendered else prompts),
         "traffic": {**traffic, "order": observed_order(order), "job_wall_seconds": wall},
     }
     unrecorded = ("logsumexp", "entropy") + (() if logprobs else ("top_logits", "margin"))

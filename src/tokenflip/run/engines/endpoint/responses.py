@@ -44,6 +44,8 @@ class Vocabulary:
     def id_of(self, token: str) -> int:
         if token.startswith(TOKEN_ID_PREFIX) and token[len(TOKEN_ID_PREFIX):].isdigit():
             return int(token[len(TOKEN_ID_PREFIX):])
+        if hasattr(self.tokenizer, "id_of_text"):  # a server's tokenizer: asked per token, not listed
+            return self.tokenizer.id_of_text(token)
         if self._map is None:
             seen: dict[str, int] = {}
             for i in range(len(self.tokenizer)):

@@ -17,11 +17,6 @@ MODEL_ENTRY_FIELDS = ("id", "object", "owned_by", "root", "parent", "max_model_l
 IDENTITY_HEADERS = ("server", "x-powered-by", "openai-version", "x-request-model", "via")
 
 
-def _root(url: str) -> str:
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 def served_models(spec: dict[str, Any], timeout: float = 10.0) -> tuple[list[dict[str, Any]] | None, str]:
     """The server's model list (None if it does not answer one), and what answered."""
     import httpx2
@@ -83,7 +78,21 @@ def endpoint_problems(config: dict[str, Any], cells, model_dir: Callable[[str], 
                                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})")
         if tokenizers[model] is not None and (why := mismatch(endpoints[name], tokenizers[model], label, name)):
             problems.append(why)
+        problems += _unrendered(config, cells, name, model, tokenizers[model], label)
     return problems
+
+
+def _unrendered(config: dict[str, Any], cells, name: str, model: str, tokenizer, label: str) -> list[str]:
+    """A chat benchmark sent as a completion needs its chat template rendered here; a
+    server's tokenizer without a route that renders it (llama-cpp-python's) cannot."""
+    spec = config["endpoints"][name]
+    if tokenizer is None or not hasattr(tokenizer, "chat_ids") or tokenizer.chat_template or spec["api"] == "chat":
+        return []
+    chat = sorted({c.benchmark for c in cells if c.engine == name and c.model == model
+                   and config["benchmarks"][c.benchmark].get("format", "chat") == "chat"})
+    return [f"endpoint {name!r} (api completions) with model {model!r}: {label} renders no chat prompt for a client, "
+            f"so benchmark(s) {chat} (format chat) cannot be sent as completions; use `api: chat` (the server's own "
+            f"template) or `format: bare`"] if chat else []
 
 
 def tokenizer_of(spec: dict[str, Any], prepared: str | None = None):
@@ -103,6 +112,10 @@ def tokenizer_of(spec: dict[str, Any], prepared: str | None = None):
             same = False
         if same:
             return load_tokenizer(prepared)
+    if spec.get("source") == "server":
+        from tokenflip.run.engines.endpoint.served_tokenizer import connect
+
+        return connect(spec["served_by"], spec.get("eos_token"))
     return _load_tokenizer(RANDOM_TOKENIZER if spec.get("source") == "random" else spec)
 
 
@@ -111,11 +124,13 @@ def identity(spec: dict[str, Any]) -> dict[str, Any]:
     reports at /version, where it has one."""
     import httpx2
 
+    from tokenflip.run.engines.endpoint.served_tokenizer import root_url
+
     models, _ = served_models(spec)
     entry = next((m for m in models or [] if m["id"] == spec["model"]), {})
     out: dict[str, Any] = {"model_entry": {k: v for k, v in entry.items() if k in MODEL_ENTRY_FIELDS}}
     try:
-        response = httpx2.get(_root(spec["url"]) + "/version", timeout=10.0)
+        response = httpx2.get(root_url(spec["url"]) + "/version", timeout=10.0)
         if response.status_code == 200 and isinstance(response.json(), dict):
             out["version"] = response.json()
     except Exception:
@@ -138,8 +153,11 @@ def background_prompts(job, tokenizer, as_ids: bool, fields: dict[str, Any]) -> 
     asking for `max_tokens` tokens."""
     if not job.load:
         return None
-    special = set(tokenizer.all_special_ids)
-    ordinary = [i for i in range(len(tokenizer)) if i not in special]
+    if hasattr(tokenizer, "ordinary_ids"):  # a server's tokenizer names no vocabulary size
+        ordinary = tokenizer.ordinary_ids()
+    else:
+        special = set(tokenizer.all_special_ids)
+        ordinary = [i for i in range(len(tokenizer)) if i not in special]
     length, max_tokens = int(job.load["prompt_tokens"]), int(job.load["max_tokens"])
     base = {key: value for key, value in fields.items() if key not in ("logprobs", "top_logprobs", "stop")}
 
@@ -156,7 +174,7 @@ def background_prompts(job, tokenizer, as_ids: bool, fields: dict[str, Any]) -> 
     return body
 
 
-def findings(items, reads, decoding: dict[str, Any], answers, prompts: list[list[int]]) -> dict[str, Any]:
+def findings(items, reads, decoding: dict[str, Any], answers, prompts: list[list[int]] | None) -> dict[str, Any]:
     # `answers`, `reads` and `prompts` in the order of `items`.
     """What the server did that is not a divergence between two cells: in a greedy cell, the
     steps where it chose a token below its own top score (a penalty, a bias, a processor
@@ -165,7 +183,7 @@ def findings(items, reads, decoding: dict[str, Any], answers, prompts: list[list
     greedy = decoding["strategy"] == "greedy"
     off_top = {item.id: read.off_top_steps for item, read in zip(items, reads) if greedy and read.off_top_steps}
     counted = {}
-    for item, answer, ids in zip(items, answers, prompts):
+    for item, answer, ids in zip(items, answers, prompts or []):  # None: the prompt ids are not known
         usage = answer.body.get("usage") or {}
         if isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] != len(ids):
             counted[item.id] = {"tokenflip": len(ids), "server": usage["prompt_tokens"]}

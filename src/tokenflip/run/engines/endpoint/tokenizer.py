@@ -25,57 +25,23 @@ SHOWN_IDS = 12
 UNSPELLED_ALLOWED = 0.25
 
 
-def _root(url: str) -> str:
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def _routes(spec: dict[str, Any], text: str) -> list[tuple[str, dict[str, Any]]]:
-    """(path under the server's root, body) of each tokenize route the server may offer,
-    its own kind's first."""
-    model = spec["model"]
-    vllm = ("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
-    llama_cpp_python = ("/extras/tokenize", {"model": model, "input": text})
-    llama_cpp_native = ("/tokenize", {"content": text, "add_special": False})
-    tgi = ("/tokenize", {"inputs": text, "add_special_tokens": False})
-    kind = spec.get("server", "openai")
-    if kind in ("vllm", "sglang"):
-        return [vllm]
-    if kind == "llama.cpp":
-        return [llama_cpp_python, llama_cpp_native]
-    if kind == "tgi":
-        return [tgi]
-    return [vllm, llama_cpp_python, llama_cpp_native, tgi]
-
-
-def _ids(answer: Any) -> list[int] | None:
-    """The ids a tokenize route answered: `{"tokens": [ids]}` (vLLM, SGLang, llama.cpp), or a
-    list of `{"id": ...}` (TGI)."""
-    tokens = answer.get("tokens") if isinstance(answer, dict) else answer
-    if isinstance(tokens, list) and tokens and all(isinstance(t, dict) for t in tokens):
-        tokens = [t.get("id") for t in tokens]
-    if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        return tokens
-    return None
-
-
 def server_ids(spec: dict[str, Any], text: str, timeout: float = 10.0) -> tuple[list[int] | None, str]:
     """The server's own ids of `text` and the route that gave them, or (None, why none did)."""
     import httpx2
 
-    from tokenflip.run.engines.endpoint.client import api_key
+    from tokenflip.run.engines.endpoint.served_tokenizer import families, headers, root_url, token_ids
 
-    headers = {"Authorization": f"Bearer {api_key(spec)}"} if spec.get("api_key_env") else {}
     tried = []
-    for path, body in _routes(spec, text):
-        url = _root(spec["url"]) + path
+    for family in families(spec.get("server", "openai")):
+        url = root_url(spec["url"]) + family.tokenize
         try:
-            response = httpx2.post(url, json=body, headers=headers, timeout=timeout)
-            tokens = _ids(response.json()) if response.status_code == 200 else None
+            response = httpx2.post(url, json=family.tokenize_body(spec["model"], text, False), headers=headers(spec),
+                                   timeout=timeout)
+            tokens = token_ids(response.json()) if response.status_code == 200 else None
         except Exception as exc:  # noqa: BLE001 - a route the server lacks or garbles: the next one
             tried.append(f"{url}: {type(exc).__name__}")
             continue
-        if tokens is not None:
+        if tokens:
             return tokens, url
         tried.append(f"{url}: {response.status_code}")
     return None, "no tokenize route answered (" + "; ".join(tried) + ")"
@@ -145,7 +111,8 @@ def _unspelled(spec: dict[str, Any], tokenizer, label: str, where: str, why_no_r
 def label_of(name: str, spec: dict[str, Any]) -> str:
     """A model entry as a refusal names it: its name and where its tokenizer comes from."""
     where = {"hf": lambda: spec.get("id"), "gguf-package": lambda: f"{spec.get('package')}/{spec.get('file')}",
-             "random": lambda: f"a random {spec.get('architecture')} (the embedded SmolLM2 tokenizer)"}
+             "random": lambda: f"a random {spec.get('architecture')} (the embedded SmolLM2 tokenizer)",
+             "server": lambda: f"the tokenizer of the server at {(spec.get('served_by') or {}).get('url')}"}
     return f"model {name!r} ({where.get(spec.get('source'), lambda: spec.get('source'))()})"
 
 

@@ -1,0 +1,288 @@
+"""A served model's tokenizer, asked of the server itself over HTTP: what an audit of a
+deployment uses where no copy of the model's tokenizer is at hand (lm-eval's API models
+ask the server first too). A model entry `source: server` names the endpoint whose server
+tokenizes; it is "prepared" by asking the server which routes it offers and recording the
+server's ids of fixed probe texts (their digest stands for the tokenizer's: a server whose
+tokenizer changed since is refused, `check`).
+
+The route families, each with what it offers:
+- vLLM and SGLang: `POST /tokenize` (text, or chat `messages` through the served model's own
+  chat template) and `POST /detokenize`; `GET /tokenizer_info` where started with
+  `--enable-tokenizer-info-endpoint` (the end-of-sequence token, the chat template);
+- llama.cpp's C++ server: `/tokenize`, `/detokenize`, `/apply-template` (messages to the
+  prompt text) and `/props` (its chat template and special tokens);
+- llama-cpp-python's server: `/extras/tokenize` and `/extras/detokenize`, no chat route and
+  no word of its end-of-sequence token (state it as the model entry's `eos_token`).
+TGI's `/tokenize` has no way back to text: its tokenizer can be checked, not used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Texts whose server ids stand for the tokenizer (`probe_sha256`): the check's probe, plain
+# English, digits and whitespace runs.
+PROBE_TEXTS = ("Tokenizer check: 12,345 naïve cafés in Zürich — 東京 🙂\n    def f(x): return x ** 2  # done.",
+               "The quick brown fox jumps over the lazy dog. 3.14159 + 2.71828 = 5.85987",
+               "  leading spaces,\ttabs\tand\n\nblank lines  ")
+# Plain English whose ids are a background load's ordinary tokens, where the tokenizer's
+# vocabulary cannot be listed (a server names no vocabulary size).
+ORDINARY_TEXT = ("A server under load answers other users' requests beside the audited ones: their prompts are "
+                 "drawn from ordinary tokens of the vocabulary, such as the words of this sentence, numbers like "
+                 "17, 256 or 4096, and punctuation (commas, periods; colons!) that any tokenizer splits.")
+
+
+class ServedTokenizerError(RuntimeError):
+    """A server that cannot tokenize for tokenflip, or whose tokenizer changed."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One server family's tokenizer routes (paths under the server's root)."""
+
+    name: str
+    tokenize: str
+    tokenize_body: Callable[[str, str, bool], dict[str, Any]]  # (model, text, add_special) -> body
+    detokenize: str | None
+    detokenize_body: Callable[[str, list[int]], dict[str, Any]] | None
+    detokenized: str | None  # the answer's field holding the text
+    chat: str | None = None  # "messages" (tokenize takes them) or "apply-template"
+    info: str | None = None  # a route naming special tokens and the chat template
+
+
+VLLM = Family("vllm", "/tokenize", lambda m, t, s: {"model": m, "prompt": t, "add_special_tokens": s},
+              "/detokenize", lambda m, ids: {"model": m, "tokens": ids}, "prompt", "messages", "/tokenizer_info")
+LLAMA_CPP_PYTHON = Family("llama-cpp-python", "/extras/tokenize", lambda m, t, s: {"model": m, "input": t},
+                          "/extras/detokenize", lambda m, ids: {"model": m, "tokens": ids}, "text")
+LLAMA_CPP = Family("llama.cpp", "/tokenize", lambda m, t, s: {"content": t, "add_special": s},
+                   "/detokenize", lambda m, ids: {"tokens": ids}, "content", "apply-template", "/props")
+TGI = Family("tgi", "/tokenize", lambda m, t, s: {"inputs": t, "add_special_tokens": s}, None, None, None)
+
+
+def families(server_kind: str) -> list[Family]:
+    """The families a server of `server_kind` may be, its own first (an unknown kind: all)."""
+    if server_kind in ("vllm", "sglang"):
+        return [VLLM]
+    if server_kind == "llama.cpp":
+        return [LLAMA_CPP_PYTHON, LLAMA_CPP]
+    if server_kind == "tgi":
+        return [TGI]
+    return [VLLM, LLAMA_CPP_PYTHON, LLAMA_CPP, TGI]
+
+
+def root_url(url: str) -> str:
+    """The server's root: the OpenAI base URL without its `/v1`."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def token_ids(answer: Any) -> list[int] | None:
+    """The ids a tokenize route answered: `{"tokens": [ids]}` (vLLM, SGLang, llama.cpp), or a
+    list of `{"id": ...}` (TGI); None for anything else. An empty text's ids may be none."""
+    tokens = answer.get("tokens") if isinstance(answer, dict) else answer
+    if isinstance(tokens, list) and tokens and all(isinstance(t, dict) for t in tokens):
+        tokens = [t.get("id") for t in tokens]
+    if isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        return tokens
+    return None
+
+
+def headers(spec: dict[str, Any]) -> dict[str, str]:
+    from tokenflip.run.engines.endpoint.client import api_key
+
+    return {"Authorization": f"Bearer {api_key(spec)}"} if spec.get("api_key_env") else {}
+
+
+class ServedTokenizer:
+    """The subset of a transformers tokenizer tokenflip's endpoint cells use, each call a
+    request to the server (answers cached): encode, decode, chat prompts where the server
+    renders them, the special ids it names, a token's id from its text."""
+
+    def __init__(self, spec: dict[str, Any], info: dict[str, Any]):
+        import httpx2
+
+        self.spec, self.info = spec, info
+        self.family = next(f for f in families("") if f.name == info["family"])
+        self.root = root_url(spec["url"])
+        self._http = httpx2.Client(timeout=float(spec.get("timeout_s") or 60), headers=headers(spec))
+        self._encoded: dict[tuple[str, bool], list[int]] = {}
+        self._decoded: dict[tuple[tuple[int, ...], bool], str] = {}
+        self._single: dict[str, int] = {}
+        self.eos_token_id = info.get("eos_token_id")
+        self.bos_token_id = (info.get("added_ids") or [None])[0]
+        self.pad_token_id = None
+        # A marker, not a template: the server renders chat prompts (`chat_ids`).
+        self.chat_template = "the server's" if info.get("chat") else None
+
+    # --- what a tokenizer answers ------------------------------------------------------
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        response = self._http.post(self.root + path, json=body)
+        if response.status_code != 200:
+            raise ServedTokenizerError(f"{self.root + path} answered {response.status_code}: {response.text[:200]!r}")
+        return response.json()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        key = (text, add_special_tokens)
+        if key not in self._encoded:
+            ids = token_ids(self._post(self.family.tokenize,
+                                       self.family.tokenize_body(self.spec["model"], text, add_special_tokens)))
+            if ids is None:
+                raise ServedTokenizerError(f"{self.root + self.family.tokenize} answered no token ids for "
+                                           f"{text[:40]!r}")
+            added = self.info.get("added_ids") or []
+            if not add_special_tokens and added and ids[: len(added)] == added:  # a route that always adds them
+                ids = ids[len(added):]
+            self._encoded[key] = ids
+        return list(self._encoded[key])
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text, add_special_tokens)}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = [int(i) for i in ids]
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self.all_special_ids]
+        key = (tuple(ids), skip_special_tokens)
+        if key not in self._decoded:
+            if not ids:
+                return ""
+            answer = self._post(self.family.detokenize, self.family.detokenize_body(self.spec["model"], ids))
+            text = answer.get(self.family.detokenized) if isinstance(answer, dict) else None
+            if not isinstance(text, str):
+                raise ServedTokenizerError(f"{self.root + self.family.detokenize} answered no text")
+            self._decoded[key] = text
+        return self._decoded[key]
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return sorted({i for i in (self.eos_token_id, *(self.info.get("added_ids") or [])) if i is not None})
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """A chat prompt's ids through the served model's own chat template, ready for the
+        assistant's turn."""
+        if self.info.get("chat") == "messages":
+            body = {"model": self.spec["model"], "messages": messages, "add_generation_prompt": True,
+                    "add_special_tokens": False}
+            ids = token_ids(self._post(self.family.tokenize, body))
+        elif self.info.get("chat") == "apply-template":
+            prompt = self._post("/apply-template", {"messages": messages}).get("prompt")
+            ids = self.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else None
+        else:
+            raise ServedTokenizerError(f"{self.root} renders no chat prompt for a client ({self.family.name}'s "
+                                       f"routes): send chat prompts with `api: chat`")
+        if ids is None:
+            raise ServedTokenizerError(f"{self.root}: no token ids for a chat prompt")
+        return ids
+
+    def id_of_text(self, token: str) -> int:
+        """The id of the one token whose text is `token`, -1 where the server splits it in
+        more (what a server that names its logprob tokens by their text returns)."""
+        if token not in self._single:
+            ids = self.encode(token, add_special_tokens=False) if token else []
+            self._single[token] = ids[0] if len(ids) == 1 and self.decode(ids) == token else -1
+        return self._single[token]
+
+    def ordinary_ids(self) -> list[int]:
+        """Ids of ordinary words, numbers and punctuation (a background load's prompts)."""
+        return sorted(set(self.encode(ORDINARY_TEXT, add_special_tokens=False)))
+
+    def probe_sha256(self) -> str:
+        """The digest that stands for the tokenizer: its ids of the probe texts, with and
+        without special tokens, and the ids it adds on its own."""
+        ids = [[self.encode(t, s) for s in (False, True)] for t in PROBE_TEXTS]
+        return hashlib.sha256(json.dumps({"ids": ids, "added": self.info.get("added_ids")}).encode()).hexdigest()
+
+    def check(self) -> None:
+        """Refuse a server whose tokenizer is not the one this model was prepared from."""
+        now = self.probe_sha256()
+        if now != self.info["probe_sha256"]:
+            raise ServedTokenizerError(
+                f"{self.root}: its tokenizer is not the one prepared from it (its ids of the probe texts hash to "
+                f"{now[:12]}…, not {self.info['probe_sha256'][:12]}…): the server changed; prepare the model again")
+
+    def save_pretrained(self, directory) -> None:  # the prepared copy is `served_tokenizer.json`
+        pass
+
+
+def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokenizer:
+    """The server's tokenizer (`spec`: url, model, server, api_key_env), its routes found by
+    a round trip of the probe texts; refused, naming what each route answered, where none
+    both tokenizes and detokenizes them back."""
+    import httpx2
+
+    root, tried = root_url(spec["url"]), []
+    for family in families(spec.get("server", "openai")):
+        if family.detokenize is None:
+            tried.append(f"{root + family.tokenize}: {family.name} has no route back from ids to text")
+            continue
+        info = {"family": family.name, "added_ids": [], "chat": None}
+        tokenizer = ServedTokenizer(spec, info)
+        try:
+            info["added_ids"] = tokenizer.encode("", add_special_tokens=True)  # what it adds of its own
+            tokenizer._encoded.clear()
+            round_trip = all(tokenizer.decode(tokenizer.encode(t, False)) == t for t in PROBE_TEXTS)
+        except (ServedTokenizerError, httpx2.HTTPError, ValueError, AttributeError) as exc:
+            tried.append(f"{root + family.tokenize}: {' '.join(str(exc).split())[:160]}")
+            continue
+        if not round_trip:
+            tried.append(f"{root + family.tokenize}: its ids of the probe texts do not decode back to them")
+            continue
+        info.update(_described(tokenizer, family))
+        if eos_token is not None:  # the model entry's own word
+            ids = tokenizer.encode(eos_token, add_special_tokens=False)
+            if len(ids) != 1:
+                raise ServedTokenizerError(f"eos_token {eos_token!r}: the server at {root} reads it as {ids}, not "
+                                           f"one token")
+            info["eos_token_id"], info["eos_from"] = ids[0], "the model entry's eos_token"
+        info["chat"] = _chat_route(tokenizer, family)
+        from tokenflip.run.engines.endpoint.server import served_models
+
+        models, _ = served_models(spec)
+        length = next((m.get("max_model_len") for m in models or [] if m.get("id") == spec["model"]), None)
+        info["max_model_len"] = length if isinstance(length, int) else None
+        tokenizer = ServedTokenizer(spec, info)
+        info["probe_sha256"] = tokenizer.probe_sha256()
+        return tokenizer
+    raise ServedTokenizerError(f"the server at {spec['url']} offers no tokenizer tokenflip can use ("
+                               + "; ".join(tried) + "): name the served model's tokenizer (`--tokenizer`, or a "
+                               "model entry of source hf with `tokenizer_only: true`)")
+
+
+def _described(tokenizer: ServedTokenizer, family: Family) -> dict[str, Any]:
+    """What the server's info route says: its end-of-sequence token and chat template."""
+    out: dict[str, Any] = {"eos_token_id": None, "eos_from": None, "chat_template_text": None}
+    if not family.info:
+        return out
+    try:
+        response = tokenizer._http.get(tokenizer.root + family.info)
+        answer = response.json() if response.status_code == 200 else {}
+    except Exception:  # noqa: BLE001 - a route the server was not started with
+        return out
+    if not isinstance(answer, dict):
+        return out
+    template = answer.get("chat_template")
+    out["chat_template_text"] = template if isinstance(template, str) else None
+    eos = answer.get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if isinstance(eos, str) and eos:
+        ids = tokenizer.encode(eos, add_special_tokens=False)
+        if len(ids) == 1:
+            out["eos_token_id"], out["eos_from"] = ids[0], f"{tokenizer.root + family.info} ({eos!r})"
+    return out
+
+
+def _chat_route(tokenizer: ServedTokenizer, family: Family) -> str | None:
+    """Which way the server renders a chat prompt for a client, if it does (tried once)."""
+    if not family.chat:
+        return None
+    tokenizer.info["chat"] = family.chat
+    try:
+        return family.chat if tokenizer.chat_ids([{"role": "user", "content": "Hi"}]) else None
+    except Exception:  # noqa: BLE001 - an older server without the route
+        return None
+    finally:
+        tokenizer.info["chat"] = None
