@@ -76,3 +76,17 @@ def test_hand_tables_labelled_as_bf16():
     assert (summary["n_exact_tie"], summary["n_ended"], summary["n_no_logits"], summary["n_drift"]) == (1, 1, 2, 0)
     # same_answer: p2 no, p3 yes (both "4"), p4 no, p5 no
     assert summary["n_answer_differs"] == 3 and summary["n_rejoined"] == 0
+
+
+def test_a_near_tie_is_judged_in_steps_between_the_two_logits():
+    """At a power of two the step toward the smaller logit is the finer one below it: in bf16,
+    32.0 and 31.75 are two steps of 0.125 apart (drift), 32.0 and 31.875 one (a near-tie); the
+    same for negative logits, whose larger magnitude is the second one."""
+    from tokenflip.analysis.causes import step_between
+
+    assert step_between(32.0, 31.75, "bf16") == 0.125 and resolution(32.0, "bf16") == 0.25
+    assert cause((0.25, 0.25), (32.0, 32.0), ("bf16", "bf16")) == "drift"
+    assert cause((0.125, 0.125), (32.0, 32.0), ("bf16", "bf16")) == "near-tie"
+    assert cause((0.25, 0.25), (-31.75, -31.75), ("bf16", "bf16")) == "drift"  # top −31.75, second −32.0
+    assert cause((0.125, 0.125), (24.5, 24.5), ("bf16", "bf16")) == "near-tie"  # inside a binade: as before
+    assert step_between(2.0 ** -126, 0.0, "bf16") == resolution(2.0 ** -126, "bf16")  # the smallest normal

@@ -1,6 +1,8 @@
-"""`tokenflip gate`: fails where it should (divergence above the bound with confidence, or
-accuracy dropped significantly), passes where it should, names the comparison, its verdict
-and its figures, and writes a JUnit file that a JUnit parser loads."""
+"""`tokenflip gate`: three outcomes, consistent with the verdicts. A comparison fails where its
+divergence above its noise floor is shown to exceed the bound (or accuracy dropped
+significantly), passes where it is shown to be at most the bound, and is inconclusive
+otherwise, saying how many prompts would decide it; exit 0, 1 or 3, a JUnit file that a
+JUnit parser loads (inconclusive: skipped), and an unreadable run its own code."""
 
 from __future__ import annotations
 
@@ -14,95 +16,156 @@ from junitparser import JUnitXml
 
 from tokenflip.analysis.verdict import with_verdicts
 
+N = 64
 
-def _row(label, n_diverged, n=64, acc_a=0.5, acc_b=0.5, mcnemar_p=1.0, axis="concurrency", status="done"):
+
+def _row(label, n_diverged, n=N, acc_a=0.5, acc_b=0.5, mcnemar_p=1.0, axis="concurrency", status="done",
+         cell_a=None):
     from tokenflip.analysis.statistics import wilson
 
     lo, hi = wilson(n_diverged, n)
     return {"pair_id": f"m/b/{axis}/{label}/ctx", "label": f"{axis}: {label}", "axis": axis, "context": "ctx",
-            "cell_a": f"{label}-a", "cell_b": f"{label}-b", "status": status, "n_prompts": n,
+            "cell_a": cell_a or f"{label}-a", "cell_b": f"{label}-b", "status": status, "n_prompts": n,
             "n_diverged": n_diverged, "divergence_rate": n_diverged / n, "divergence_ci_low": lo,
             "divergence_ci_high": hi, "accuracy_a": acc_a, "accuracy_b": acc_b, "mcnemar_p": mcnemar_p}
 
 
-def _run(tmp_path, rows, *args):
+def _floor(parted=0):
+    """The repeat pair of cell "base": the same setting run again, `parted` prompts parting."""
+    return _row("again", parted, axis="repeat", cell_a="base")
+
+
+def _summary(tmp_path, rows):
+    """The pairs summary of `rows`, each pair parting on its first n_diverged prompts."""
+    outcomes = {r["pair_id"]: ({f"p{i}" for i in range(r["n_prompts"])},
+                               {f"p{i}" for i in range(r["n_diverged"])}) for r in rows}
     (tmp_path / "summary").mkdir(exist_ok=True)
-    pd.DataFrame(with_verdicts(rows)).to_parquet(tmp_path / "summary" / "pairs.parquet")
+    pd.DataFrame(with_verdicts(rows, outcomes)).to_parquet(tmp_path / "summary" / "pairs.parquet")
+
+
+def _gate(tmp_path, *args):
     return subprocess.run([sys.executable, "-m", "tokenflip", "gate", str(tmp_path), *args], capture_output=True,
                           text=True, timeout=300)
 
 
-def test_the_gate_fails_on_divergence_above_the_bound_with_confidence_and_on_lost_accuracy(tmp_path):
+def _run(tmp_path, rows, *args):
+    _summary(tmp_path, rows)
+    return _gate(tmp_path, *args)
+
+
+def _cases(path):
+    return {case.classname: case for suite in JUnitXml.fromfile(str(path)) for case in suite}
+
+
+def test_the_gate_fails_passes_and_stays_inconclusive_where_the_figures_say(tmp_path):
     rows = [
-        _row("quiet", 0),                      # nothing parted: passes any bound
-        _row("noisy", 3),                      # 3 of 64: the interval reaches down to 1.6%, not above 5%
-        _row("loud", 20),                      # 20 of 64: Wilson 95% CI 21.2%–43.4%, above 5% with confidence
-        _row("worse", 2, acc_a=0.75, acc_b=0.25, mcnemar_p=0.001),   # accuracy fell, significantly
-        _row("better", 2, acc_a=0.25, acc_b=0.75, mcnemar_p=0.001),  # rose: not a failure
+        _floor(0),                                          # the base setting repeats itself on every prompt
+        _row("quiet", 0, cell_a="base"),                    # none parted: paired 90% interval ±4.1 pp, within 5%
+        _row("noisy", 3, cell_a="base"),                    # 3 of 64 above a floor of 0: +0.4 to +11.2 pp
+        _row("loud", 20, cell_a="base"),                    # 20 of 64: +22.6 to +41.4 pp, above 5%
+        _row("worse", 0, acc_a=0.75, acc_b=0.25, mcnemar_p=0.001, cell_a="base"),  # accuracy fell
+        _row("better", 0, acc_a=0.25, acc_b=0.75, mcnemar_p=0.001, cell_a="base"),  # rose: not a failure
         _row("lost", 0, status="missing"),
     ]
     proc = _run(tmp_path, rows, "--max-divergence", "0.05")
     assert proc.returncode == 1, proc.stderr
-    failed = [line for line in proc.stderr.splitlines() if line.startswith("FAIL ")]
-    assert len(failed) == 2
-    assert failed[0].startswith("FAIL concurrency: loud [ctx]: divergence 31.2% (20 of 64; 95% CI 21.2%–43.4%) is "
-                                "above --max-divergence 5.0% with confidence; verdict: no floor")
-    assert "accuracy dropped from 75.0% to 25.0% (McNemar p = 0.001)" in failed[1]
-    suites = JUnitXml.fromfile(str(tmp_path / "gate.junit.xml"))
-    cases = {case.classname: case for suite in suites for case in suite}
-    assert len(cases) == 6
+    assert "7 comparison(s) at --max-divergence 5.0%: 3 passed, 2 failed, 2 inconclusive" in proc.stderr
+    lines = {line.split(" [")[0]: line for line in proc.stderr.splitlines() if line.split(" ")[0].isupper()}
+    assert lines["FAIL concurrency: loud"].startswith(
+        "FAIL concurrency: loud [ctx]: 20 of 64 parted; +31.2% above its floor of 0.0%, 90% interval +22.6% to "
+        "+41.4%: above --max-divergence 5.0% (Holm-adjusted p = ")
+    assert "accuracy dropped from 75.0% to 25.0% (McNemar p = 0.001)" in lines["FAIL concurrency: worse"]
+    assert "neither shown above nor at most --max-divergence 5.0%; about " in lines["INCONCLUSIVE concurrency: noisy"]
+    assert "did not finish" in lines["INCONCLUSIVE concurrency: lost"]
+    cases = _cases(tmp_path / "gate.junit.xml")
     assert [type(r).__name__ for r in cases["concurrency: loud"].result] == ["Failure"]
-    assert [type(r).__name__ for r in cases["concurrency: lost"].result] == ["Skipped"]
+    assert [type(r).__name__ for r in cases["concurrency: noisy"].result] == ["Skipped"]
     assert cases["concurrency: quiet"].is_passed and cases["concurrency: better"].is_passed
-    root = ET.parse(tmp_path / "gate.junit.xml").getroot()  # plain XML too: what CI systems read
-    suite = root.find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("6", "2", "1")
+    suite = ET.parse(tmp_path / "gate.junit.xml").getroot().find("testsuite")  # plain XML: what CI systems read
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("7", "2", "2")
 
 
-def test_the_gate_passes_under_a_looser_bound_and_reads_only_the_comparisons_asked(tmp_path):
-    rows = [_row("loud", 20), _row("again", 20, axis="repeat")]
-    proc = _run(tmp_path, rows, "--max-divergence", "0.5", "--junit", str(tmp_path / "ci.xml"))
-    assert proc.returncode == 0 and "2 comparison(s), 0 failed" in proc.stderr
-    assert len(list(next(iter(JUnitXml.fromfile(str(tmp_path / "ci.xml")))))) == 2
-    proc = _run(tmp_path, rows, "--max-divergence", "0.05", "--comparison", "repeat")
-    assert proc.returncode == 1 and "FAIL repeat: again" in proc.stderr and "verdict: noise floor" in proc.stderr
-    proc = _run(tmp_path, rows, "--max-divergence", "0.05", "--comparison", "precision")
-    assert proc.returncode == 1 and "no comparison matches ['precision']" in proc.stderr
+def test_inconclusive_exits_3_only_where_nothing_failed_and_a_passing_run_exits_0(tmp_path):
+    proc = _run(tmp_path, [_floor(0), _row("quiet", 0, cell_a="base"), _row("noisy", 3, cell_a="base")],
+                "--max-divergence", "0.05")
+    assert proc.returncode == 3, proc.stderr
+    assert "2 passed, 0 failed, 1 inconclusive" in proc.stderr  # the floor itself is gated on its own rate
+    proc = _gate(tmp_path, "--max-divergence", "0.2")
+    assert proc.returncode == 0 and "3 passed, 0 failed, 0 inconclusive" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("bound", ["0", "-0.1", "1.5", "nan"])
+def test_a_bound_of_zero_fails_on_any_prompt_parted_above_the_floor_and_one_passes_everything(tmp_path):
+    """Zero tolerance (the batch-invariance tests' own rule): a prompt that parted where the
+    floor did not fails; partings the floor shares do not."""
+    rows = [_floor(2), _row("shared", 2, cell_a="base"), _row("more", 3, cell_a="base"), _row("alone", 1)]
+    proc = _run(tmp_path, rows, "--max-divergence", "0")
+    assert proc.returncode == 1, proc.stderr
+    fails = sorted(line.split(" [")[0] for line in proc.stderr.splitlines() if line.startswith("FAIL"))
+    assert fails == ["FAIL concurrency: alone", "FAIL concurrency: more", "FAIL repeat: again"]
+    assert "1 of 64 prompts parted where its floor did not, above --max-divergence 0" in proc.stderr
+    assert _gate(tmp_path, "--max-divergence", "1").returncode == 0
+
+
+def test_holm_keeps_many_borderline_comparisons_from_failing_by_chance(tmp_path):
+    """One comparison just shown above the bound fails alone; among twenty it is adjusted."""
+    from tokenflip.analysis.paired import p_excess_above
+
+    # The fewest that fail beside their floor (gated too: Holm over two comparisons).
+    k = next(k for k in range(64) if p_excess_above(k, 0, N, 0.05) < 0.025)
+    assert _run(tmp_path, [_floor(0), _row("edge", k, cell_a="base")], "--max-divergence", "0.05").returncode == 1
+    rows = [_floor(0), _row("edge", k, cell_a="base")] + [_row(f"q{i}", 0, cell_a="base") for i in range(20)]
+    proc = _run(tmp_path, rows, "--max-divergence", "0.05")
+    assert proc.returncode == 3 and "INCONCLUSIVE concurrency: edge" in proc.stderr, proc.stderr
+
+
+def test_a_comparison_without_a_floor_is_gated_on_its_own_rate(tmp_path):
+    proc = _run(tmp_path, [_row("loud", 20), _row("quiet", 0, n=200)], "--max-divergence", "0.05")
+    assert proc.returncode == 1 and "FAIL concurrency: loud [ctx]: 20 of 64 parted; +31.2% (no floor)" in proc.stderr
+    assert "INCONCLUSIVE concurrency: quiet" not in proc.stderr  # 0 of 200: at most 1.5%
+
+
+@pytest.mark.parametrize("bound", ["-0.1", "1.5", "nan"])
 def test_a_bound_that_is_not_a_share_is_refused(tmp_path, bound):
     proc = _run(tmp_path, [_row("quiet", 0)], "--max-divergence", bound)
     assert proc.returncode == 2 and "--max-divergence" in proc.stderr
 
 
+def test_an_unreadable_run_has_its_own_message_and_code(tmp_path):
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "no summary of pairs" in proc.stderr
+    (tmp_path / "summary").mkdir()
+    (tmp_path / "summary" / "pairs.parquet").write_bytes(b"PAR1 not parquet")
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "not a readable summary of pairs" in proc.stderr
+
+
 def test_the_gate_a_study_declares_travels_with_its_summary(tmp_path):
     """`gate: {max_divergence, comparisons}` in the config: the summary carries it, and
-    `tokenflip gate RUN` applies it where no bound is given; a bound given replaces it."""
+    `tokenflip gate RUN` applies it where no bound is given; a bound given replaces it, and
+    gates every comparison unless --comparison names some."""
     import pyarrow as pa
 
     from tokenflip.core import storage
 
-    rows = with_verdicts([_row("loud", 20), _row("quiet", 0, axis="load"), _row("big", 20, axis="order")])
+    rows = [_floor(0), _row("loud", 20, cell_a="base"), _row("quiet", 0, axis="load", cell_a="base"),
+            _row("big", 20, axis="order", cell_a="base")]
+    outcomes = {r["pair_id"]: ({f"p{i}" for i in range(N)}, {f"p{i}" for i in range(r["n_diverged"])}) for r in rows}
+    judged = with_verdicts(rows, outcomes)
     (tmp_path / "summary").mkdir()
     path = tmp_path / "summary" / "pairs.parquet"
 
     def write(gate):
-        storage.write_table(pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False), path,
+        storage.write_table(pa.Table.from_pandas(pd.DataFrame(judged), preserve_index=False), path,
                             {"kind": "summary", "table": "pairs", "run": "r", "gate": gate})
 
-    def gate(*args):
-        return subprocess.run([sys.executable, "-m", "tokenflip", "gate", str(tmp_path), *args], capture_output=True,
-                              text=True, timeout=300)
-
     write(None)
-    proc = gate()
+    proc = _gate(tmp_path)
     assert proc.returncode == 1 and "no bound to gate on: give --max-divergence" in proc.stderr
     write({"max_divergence": 0.5, "comparisons": ["concurrency", "load"]})
-    proc = gate()  # 20 of 64 is not above 50% with confidence; "order" is not gated
-    assert proc.returncode == 0 and "2 comparison(s), 0 failed" in proc.stderr, proc.stderr
+    proc = _gate(tmp_path)  # 20 of 64 is shown below 50%; "order" is not gated
+    assert proc.returncode == 0 and "2 comparison(s) at --max-divergence 50.0%: 2 passed" in proc.stderr, proc.stderr
     write({"max_divergence": 0.05})
-    proc = gate()
-    assert proc.returncode == 1 and "3 comparison(s), 2 failed" in proc.stderr
-    proc = gate("--max-divergence", "0.5")  # given on the command line: the declared one is not read
-    assert proc.returncode == 0 and "3 comparison(s), 0 failed" in proc.stderr
+    proc = _gate(tmp_path)
+    assert proc.returncode == 1 and "4 comparison(s) at --max-divergence 5.0%: 2 passed, 2 failed" in proc.stderr
+    proc = _gate(tmp_path, "--max-divergence", "0.5", "--comparison", "order")
+    assert proc.returncode == 0 and "1 comparison(s)" in proc.stderr

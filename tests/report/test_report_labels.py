@@ -111,7 +111,7 @@ def audit_report(tmp_path_factory):
     cells = pd.DataFrame([{"cell_id": c.id, **c.as_dict(), "no_intervention": True,
                            **summary.cell_row(c, t, metas[c.id])} for c, t in tables.items()]
                          + [{"cell_id": off.id, **off.as_dict(), "no_intervention": True, "status": "missing"}])
-    pairs, first_div, diverged = [], [], []
+    pairs, first_div, diverged, outcomes = [], [], [], {}
     for a, b in ((ref, one), (one, two), (one, again), (again, two_again), (one, off)):
         axis = next(k for k, v in a.as_dict().items() if v != b.as_dict()[k])
         pair = Pair(axis, a, b)
@@ -121,6 +121,7 @@ def audit_report(tmp_path_factory):
             row.update(status="done", **compare.summarize(per_prompt), machine_a="cpu0", machine_b="cpu0",
                        n_agree_without_answer=texts.answerless_agreements(per_prompt.to_pandas()))
             prompts = per_prompt.to_pandas()
+            outcomes.update(summary.paired_outcomes({pair.id: prompts}))
             prompts = prompts[prompts["first_div_step"].notna()]
             first_div += [{"pair_id": pair.id, "label": pair.label, "axis": axis, "context": pair.context,
                            "model": "m", "benchmark": "b", **r} for r in prompts[
@@ -129,7 +130,7 @@ def audit_report(tmp_path_factory):
         pairs.append(row)
     repeats = pd.DataFrame([{"cell_id": one.id, "run_cell_ids": [one.id, again.id], **one.as_dict(), "runs": 2,
                              "n_prompts": 2, "n_varied": 0, "max_distinct": 1, "mean_distinct": 1.0}])
-    frames = {"cells": cells, "pairs": pd.DataFrame(with_verdicts(pairs)), "repeats": repeats,
+    frames = {"cells": cells, "pairs": pd.DataFrame(with_verdicts(pairs, outcomes)), "repeats": repeats,
               "first_divergence": pd.DataFrame(first_div), "diverged": pd.DataFrame(diverged, columns=texts.COLUMNS),
               "environment": pd.DataFrame(summary.environment_rows(metas), columns=["kind", "name", "json"])}
     folder = tmp / "summary"

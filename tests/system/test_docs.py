@@ -100,8 +100,7 @@ def documented_commands() -> list[tuple[str, str]]:
 
 
 # What the documented shell variables stand for, so that their commands parse as a user's would.
-EXAMPLE_VALUES = {"$ENDPOINT_URL": "https://llm.example.com/v1", "$MODEL": "my-model",
-                  "$MODEL_HUB_ID": "my-org/my-model"}
+EXAMPLE_VALUES = {"$ENDPOINT_URL": "https://llm.example.com/v1", "$MODEL": "my-model"}
 
 
 def test_every_documented_command_parses_with_the_command_line():

@@ -10,8 +10,9 @@ bits: at 24.5 one step is 0.125; fp16 keeps 11, fp32 24). So, at the step where 
 - `unexplained`: no tie, and a side chose a token other than its own top-scored one: a rule
   acting after the scores (a penalty or processor a live server applies) decided (read from
   the ranks, so a server's logprobs show it too);
-- `near-tie`: a side's top-1 minus top-2 margin is at most one step of its precision at the
-  larger of its two logits' magnitudes: one rounding of either logit can reverse it;
+- `near-tie`: a side's top-1 minus top-2 margin is at most one step of its precision from
+  the logit of larger magnitude toward the other (at a power of two, the finer step below
+  it): one rounding of either logit can reverse it;
 - `drift`: wider margins and each side chose its own top token, so the logits themselves had
   moved apart by more than one step of the precision by that step: the computation differed,
   not the last rounding;
@@ -71,14 +72,24 @@ def resolution(value: float, precision: str) -> float:
     return 2.0 ** (max(exp - 1, min_exp) - (bits - 1))
 
 
+def step_between(larger: float, smaller_magnitude: float, precision: str) -> float:
+    """One step of `precision` from the logit of larger magnitude toward the other one (their
+    gap lies below it in magnitude): at an exact power of two that is the finer spacing of
+    the binade below (bf16: 32.0 − 31.75 is two steps of 0.125, not one of 0.25)."""
+    bits, min_exp = FORMATS[precision]
+    mantissa, exp = math.frexp(abs(float(larger)))
+    if mantissa == 0.5 and exp - 1 > min_exp and abs(smaller_magnitude) < abs(larger):
+        return 2.0 ** (exp - 2 - (bits - 1))
+    return resolution(larger, precision)
+
+
 def cause(margins: tuple[float | None, float | None], tops: tuple[float | None, float | None],
           precisions: tuple[str, str], chose_top: tuple[bool, bool] = (True, True), *, ended: bool = False,
           greedy: bool = True, logits: bool = True) -> str:
     """The label of one divergence (see the module's docstring): each side's top-1 minus
     top-2 margin and top logit at the step where they part, the precision each side's logits
     were computed in, and whether each side chose its own top-scored token there. A margin is
-    judged at the larger of its two logits' steps (the top one, or the second where the
-    logits are negative)."""
+    judged in steps between its two logits (`step_between`)."""
     if not greedy:
         return "sampled"
     if ended:
@@ -91,7 +102,7 @@ def cause(margins: tuple[float | None, float | None], tops: tuple[float | None, 
         return "unexplained"
     if not logits or any(t is None or math.isnan(t) for t in tops):
         return "no logits"
-    if any(margin <= resolution(max(abs(top), abs(top - margin)), prec)
+    if any(margin <= step_between(*sorted((top, top - margin), key=abs, reverse=True), prec)
            for margin, top, prec in zip(margins, tops, precisions)):
         return "near-tie"
     return "drift"

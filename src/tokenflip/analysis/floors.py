@@ -1,6 +1,6 @@
 """The summary's tables behind the verdicts: each setting's noise floor as the distinct
 completions its prompts got over its runs (the `repeat` axis), and each comparison's
-first-divergence curve (Kaplan–Meier)."""
+first-divergence curve."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def repeat_rows(cells: list[Cell], metas: dict[str, dict]) -> list[dict[str, Any
 def still_identical_rows(pairs: list[Pair], per_prompt: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
     """The first-divergence curve of each comparison (its pairs' prompts pooled), per model
     and benchmark: the share of prompts still identical after t generated tokens
-    (Kaplan–Meier, `verdict.still_identical`), as steps from (0, 1) to the longest stream; one
+    (`verdict.still_identical`: it ends at 1 − parted/n), as steps from (0, 1) to the longest stream; one
     curve per engine where the engine is not the compared axis."""
     from tokenflip.analysis.verdict import still_identical
 
@@ -84,7 +84,7 @@ def still_identical_rows(pairs: list[Pair], per_prompt: dict[str, pd.DataFrame])
         df = pd.concat(frames, ignore_index=True)
         first = [None if pd.isna(t) else int(t) for t in df["first_div_step"]]
         length = df[["n_tokens_a", "n_tokens_b"]].min(axis=1).astype(int).tolist()
-        times, share = still_identical(first, length)
+        times, share = still_identical(first)
         points = [(0, 1.0), *zip(times, share)]
         points.append((max([*length, *times, 0]), points[-1][1]))
         rows += [{"model": model, "benchmark": bench, "axis": axis, "a": a, "b": b, "comparison": f"{axis}: {a} vs {b}" + (f" · {engine}" if engine else ""),

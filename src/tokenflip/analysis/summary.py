@@ -329,6 +329,13 @@ def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
     return rows
 
 
+def paired_outcomes(per_prompt: dict[str, pd.DataFrame]) -> dict[str, tuple[set, set]]:
+    """Each compared pair's prompts and those that parted: what pairs a comparison with its
+    noise floor prompt by prompt (`verdict.with_verdicts`)."""
+    return {pid: (set(df["prompt_id"]), set(df.loc[~df["identical"].astype(bool), "prompt_id"]))
+            for pid, df in per_prompt.items()}
+
+
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:
     """Every summary table of the run, and what was refused."""
     from tokenflip.analysis.verdict import with_verdicts
@@ -344,7 +351,7 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
     diverged = texts.diverged_frame(planned_pairs, first_div, layout, metas, checked.refuse)
     frames = {
         "cells": cells_df,
-        "pairs": pd.DataFrame(with_verdicts(pairs, config["verdict"]["margin"])),
+        "pairs": pd.DataFrame(with_verdicts(pairs, paired_outcomes(per_prompt), config["verdict"]["margin"])),
         "first_divergence": first_div,
         "still_identical": pd.DataFrame(still_identical_rows(planned_pairs, per_prompt),
                                         columns=STILL_IDENTICAL_COLUMNS),

@@ -1,48 +1,54 @@
 """A verdict a team can act on: a comparison's divergence judged against the engine's own
-noise floor (the divergence of the same setting run again), each from a named procedure of
-statsmodels, never re-derived by hand:
+noise floor (the divergence of the same setting run again), prompt by prompt: both are
+measured on the same prompts, so each is a paired test (`analysis/paired.py`):
 
-- `identical`: no prompt parted; the Clopper–Pearson upper bound says how large a rate that
-  can still hide (0 of 64 → at most 5.6% at 95%);
-- `changes outputs`: the rate is above the floor: the lower end of Newcombe's hybrid score
-  interval of the excess (rate − floor, two-sided 1 − 2α) is above 0, the one-sided test at α
-  in its interval form (the score test's p-value is reported beside it);
-- `within noise`: the same interval lies within ±margin: two one-sided tests (TOST) at α, in
-  their interval form;
-- `undecided`: neither: the prompts are too few to tell (`prompts_for_bound` says how many);
+- `none parted`: no prompt parted; the Clopper–Pearson upper bound says how large a rate that
+  can still hide (0 of 64: at most 5.6% at 95%);
+- `changes outputs`: the comparison parts more often than its floor: McNemar's exact
+  one-sided test on the prompts where one parted and the other did not, at α after
+  Benjamini–Hochberg across the study's tested comparisons (the raw and the adjusted p are
+  both kept); against **each** of its floors (a comparison's two cells may each have been
+  run again: it must part more than either does, an intersection–union test whose p is the
+  larger);
+- `within noise`: the paired excess (Tango's score interval, two-sided 1 − 2α, the interval
+  form of two one-sided tests) lies within ±margin of each floor;
+- `undecided`: neither: the prompts are too few to tell, or the comparison parts more than
+  one floor and not more than the other (said);
 - `no floor`: parted, but no repeat of either side measured the engine's noise: no verdict
-  is assumed (a floor of 0 is a measurement, not a default).
-
-Two sides with different floors are judged against the larger one. The comparison and its
-floor are counted on the same prompts; the tests treat them as independent samples, which
-errs towards `undecided`, not towards either verdict.
+  is assumed (a floor of 0 is a measurement, not a default);
+- no verdict at all where no prompt was compared.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import numpy as np
-from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint, test_proportions_2indep
+from statsmodels.stats.proportion import proportion_confint
+
+from tokenflip.analysis.paired import PairedCounts, exact_p_above, tango_interval
 
 ALPHA = 0.05
 # The equivalence margin of `within noise` unless a study sets its own: 5 percentage points
 # of divergence above or below the floor.
 MARGIN = 0.05
+LABELS = ("none parted", "changes outputs", "within noise", "undecided", "no floor", "noise floor")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    label: str  # identical | changes outputs | within noise | undecided | no floor
+    label: str | None  # one of LABELS; None where no prompt was compared
     rate: float
-    floor: float | None
-    excess: float | None  # rate − floor
-    excess_low: float | None
+    floor: float | None  # the deciding floor's rate (on the prompts both measured)
+    excess: float | None  # rate − floor, paired
+    excess_low: float | None  # Tango's interval, two-sided 1 − 2α
     excess_high: float | None
-    p_above: float | None  # the one-sided score test that the rate is above the floor (reported)
+    p_above: float | None  # McNemar's exact one-sided p, the largest over the floors
     upper_bound: float  # the rate's Clopper–Pearson upper bound
     words: str
+    p_adjusted: float | None = None  # p_above after Benjamini–Hochberg across the study
+    versus: tuple[PairedCounts, ...] = field(default_factory=tuple)  # one per floor
 
 
 def upper_bound(k: int, n: int, alpha: float = ALPHA) -> float:
@@ -50,44 +56,51 @@ def upper_bound(k: int, n: int, alpha: float = ALPHA) -> float:
     return float(proportion_confint(k, n, alpha=alpha, method="beta")[1]) if n else math.nan
 
 
-def judge(k: int, n: int, floor_k: int | None = None, floor_n: int | None = None, margin: float = MARGIN,
-          alpha: float = ALPHA) -> Verdict:
-    """The verdict on k of n prompts parted, against a floor of floor_k of floor_n (None:
-    no floor measured)."""
+def judge(k: int, n: int, versus: list[PairedCounts] | tuple = (), margin: float = MARGIN, alpha: float = ALPHA,
+          p_adjusted: float | None = None, tested: int = 1) -> Verdict:
+    """The verdict on k of n prompts parted, against each floor in `versus` (the comparison
+    and one repeat on the prompts both measured; none: no floor measured). `p_adjusted`: the
+    exact p after the study's multiple-comparison adjustment over `tested` comparisons."""
     rate, bound = (k / n if n else math.nan), upper_bound(k, n, alpha)
-    floor = floor_k / floor_n if floor_k is not None and floor_n else None
+    if n == 0:
+        return Verdict(None, rate, None, None, None, None, None, bound, "no prompt was compared: no verdict")
     if k == 0:
-        return Verdict("identical", rate, floor, None, None, None, None, bound,
-                       f"identical: 0 of {n} prompts parted (at most {bound:.1%} at {1 - alpha:.0%})")
-    if floor is None:
+        return Verdict("none parted", rate, None, None, None, None, None, bound,
+                       f"none parted: 0 of {n} prompts (at most {bound:.1%} at {1 - alpha:.0%})")
+    versus = tuple(versus)
+    if not versus:
         return Verdict("no floor", rate, None, None, None, None, None, bound,
-                       f"no floor: {k} of {n} prompts parted; no repeat measured this engine's own noise, so whether that "
-                       f"is more than its noise is not known (add repeat: [default, 2])")
-    # One interval decides both ways (the interval-inclusion form of the one-sided test and of
-    # TOST): Newcombe's hybrid score interval of the difference, two-sided 1 − 2·alpha, which
-    # stays defined at 0 of n and n of n.
-    low, high = (float(v) for v in confint_proportions_2indep(k, n, floor_k, floor_n, method="newcomb",
-                                                              alpha=2 * alpha))
-    excess = rate - floor
-    with np.errstate(all="ignore"):  # the score test's ratio and odds at a floor of 0
-        p_above = float(test_proportions_2indep(k, n, floor_k, floor_n, method="score",
-                                                alternative="larger").pvalue)
+                       f"no floor: {k} of {n} prompts parted; no repeat measured this engine's own noise, so whether "
+                       f"that is more than its noise is not known (add repeat: [default, 2])")
+    ps = [exact_p_above(v.only_comparison, v.only_floor) for v in versus]
+    spans = [tango_interval(v.only_comparison, v.only_floor, v.n, 2 * alpha) for v in versus]
+    # The floor that decides: the one the comparison is least shown to exceed.
+    i = max(range(len(versus)), key=lambda j: (ps[j], versus[j].floor_rate))
+    p, (low, high), floor = ps[i], spans[i], versus[i]
+    decide = p if p_adjusted is None else p_adjusted
     span = f"{low:+.1%} to {high:+.1%}"
-    if low > 0:
-        return Verdict("changes outputs", rate, floor, excess, low, high, p_above, bound,
-                       f"changes outputs: {k} of {n} parted, {excess:+.1%} above the noise floor of {floor:.1%} "
-                       f"({span})")
-    if -margin < low and high < margin:
-        return Verdict("within noise", rate, floor, excess, low, high, p_above, bound,
-                       f"within noise: {k} of {n} parted against a floor of {floor:.1%}; the excess ({span}) is "
-                       f"within ±{margin:.0%}")
-    return Verdict("undecided", rate, floor, excess, low, high, p_above, bound,
-                   f"undecided: {k} of {n} parted against a floor of {floor:.1%}; not above it, nor shown within "
-                   f"±{margin:.0%} of it ({span}): more prompts are needed")
+    each = f" each of its {len(versus)} floors" if len(versus) > 1 else " the noise floor"
+    exact = f"exact paired p = {p:.3g}" + (f", {p_adjusted:.3g} adjusted over {tested} comparisons"
+                                           if p_adjusted is not None and tested > 1 else "")
+    common = dict(rate=rate, floor=floor.floor_rate, excess=floor.excess, excess_low=low, excess_high=high,
+                  p_above=p, upper_bound=bound, p_adjusted=p_adjusted, versus=versus)
+    if decide <= alpha:
+        return Verdict(label="changes outputs", words=f"changes outputs: {k} of {n} parted, {floor.excess:+.1%} "
+                                                      f"above{each} (deciding floor {floor.floor_rate:.1%}; {span}; "
+                                                      f"{exact})", **common)
+    if all(-margin < lo and hi < margin for lo, hi in spans):
+        return Verdict(label="within noise", words=f"within noise: {k} of {n} parted; the excess over{each} "
+                                                   f"({span}) is within ±{margin:.0%}", **common)
+    above = [v for v, q in zip(versus, ps) if q <= alpha]
+    why = (f"more than the {above[0].floor_rate:.1%} floor, not more than the {floor.floor_rate:.1%} one ({exact})"
+           if above else f"not shown above the floor of {floor.floor_rate:.1%} ({exact}), nor within ±{margin:.0%} "
+                         f"of it ({span}): more prompts are needed")
+    return Verdict(label="undecided", words=f"undecided: {k} of {n} parted; {why}", **common)
 
 
 def larger_floor(floors: list[tuple[int, int]]) -> tuple[int, int] | None:
-    """Of the two sides' floors (k, n), the one with the larger rate (None if neither)."""
+    """Of several floors (k, n), the one with the larger rate (None if none): the one a
+    setting's table shows."""
     measured = [f for f in floors if f is not None and f[1]]
     return max(measured, key=lambda f: (f[0] / f[1], f[1])) if measured else None
 
@@ -100,52 +113,65 @@ def prompts_for_bound(bound: float, alpha: float = ALPHA) -> int:
     return max(1, math.ceil(math.log(alpha / 2) / math.log(1 - bound) - 1e-9))
 
 
-def detectable_difference(n: int, floor: float = 0.0, power: float = 0.8, alpha: float = ALPHA) -> float:
-    """The smallest rise above `floor` that n prompts on each side detect with `power` (a
-    one-sided test of two proportions at alpha, through Cohen's h: statsmodels'
-    NormalIndPower)."""
-    from statsmodels.stats.power import NormalIndPower
-
-    h = NormalIndPower().solve_power(effect_size=None, nobs1=n, alpha=alpha, power=power, ratio=1.0,
-                                     alternative="larger")
-    phi = 2 * math.asin(math.sqrt(floor)) + h
-    return (1.0 if phi >= math.pi else math.sin(phi / 2) ** 2) - floor
-
-
-def still_identical(first_div: list[int | None], lengths: list[int]) -> tuple[list[int], list[float]]:
-    """The share of prompts still identical after t generated tokens (Kaplan–Meier, through
-    statsmodels' SurvfuncRight): a prompt whose streams part at step s (0-based) is no longer
-    identical once s + 1 tokens are generated, an event at s + 1; one that ends identical is
-    censored at its length (nothing is known of it beyond). Times and the curve after each."""
-    from statsmodels.duration.survfunc import SurvfuncRight
-
-    times = np.array([t + 1 if t is not None else length for t, length in zip(first_div, lengths)], dtype=float)
-    events = np.array([t is not None for t in first_div], dtype=int)
-    if not events.any():
-        return [], []
-    curve = SurvfuncRight(times, events)
-    return [int(t) for t in curve.surv_times], [float(p) for p in curve.surv_prob]
+def still_identical(first_div: list[int | None]) -> tuple[list[int], list[float]]:
+    """The share of prompts still identical after t generated tokens: a prompt whose streams
+    part at step s (0-based) is no longer identical once s + 1 tokens are generated; one that
+    ended identical stays identical to the length cap (with one cap per comparison its end is
+    an outcome, not a loss to follow-up, so nothing is censored and the curve ends at
+    1 − parted/n). Times and the share after each."""
+    steps = sorted(t + 1 for t in first_div if t is not None)
+    n = len(first_div)
+    times = sorted(set(steps))
+    return times, [1 - sum(1 for s in steps if s <= t) / n for t in times]
 
 
-def repeat_floors(rows: list[dict]) -> dict[str, list[tuple[int, int]]]:
-    """Every finished repeat pair's divergence (k, n), under each of its two runs' cell ids:
-    the floors a cell's comparisons are judged against."""
-    floors: dict[str, list[tuple[int, int]]] = {}
+def repeat_floors(rows: list[dict]) -> dict[str, list[dict]]:
+    """Every finished repeat pair, under each of its two runs' cell ids: the floors a cell's
+    comparisons are judged against."""
+    floors: dict[str, list[dict]] = {}
     for row in rows:
         if row.get("axis") == "repeat" and row.get("status") == "done":
             for cell in (row["cell_a"], row["cell_b"]):  # a floor of both runs
-                floors.setdefault(cell, []).append((int(row["n_diverged"]), int(row["n_prompts"])))
+                floors.setdefault(cell, []).append(row)
     return floors
 
 
-def with_verdicts(rows: list[dict], margin: float = MARGIN, alpha: float = ALPHA) -> list[dict]:
-    """The summary's pair rows, each with its verdict: a repeat pair is itself a noise floor
-    (the divergence of one setting run again); every other pair is judged against the floors
-    measured for its two cells (every repeat pair either run of which is one of them), the
-    largest."""
-    floors = repeat_floors(rows)
+def floor_counts(floors: list[dict]) -> list[tuple[int, int]]:
+    return [(int(f["n_diverged"]), int(f["n_prompts"])) for f in floors]
+
+
+Outcomes = dict[str, tuple[set, set]]  # pair id -> (the prompts compared, the prompts that parted)
+
+
+def _versus(row: dict, floors: list[dict], outcomes: Outcomes) -> list[PairedCounts]:
+    """The comparison against each of its floors, on the prompts both measured."""
+    prompts, parted = outcomes[row["pair_id"]]
     out = []
-    for row in rows:
+    for floor in {f["pair_id"]: f for f in floors}.values():
+        floor_prompts, floor_parted = outcomes[floor["pair_id"]]
+        out.append(PairedCounts.of(set(parted), set(floor_parted), set(prompts) & set(floor_prompts)))
+    return out
+
+
+def with_verdicts(rows: list[dict], outcomes: Outcomes, margin: float = MARGIN, alpha: float = ALPHA) -> list[dict]:
+    """The summary's pair rows, each with its verdict: a repeat pair is itself a noise floor
+    (the divergence of one setting run again); every other pair is judged, prompt by prompt
+    (`outcomes`), against each floor measured for its two cells (every repeat pair either run
+    of which is one of them), its exact p adjusted by Benjamini–Hochberg across every pair
+    judged against a floor."""
+    from statsmodels.stats.multitest import multipletests
+
+    floors = repeat_floors(rows)
+    judged: dict[int, list[PairedCounts]] = {}
+    for i, row in enumerate(rows):
+        if row.get("status") == "done" and row.get("axis") != "repeat" and int(row["n_prompts"]):
+            mine = [*floors.get(row["cell_a"], []), *floors.get(row["cell_b"], [])]
+            if mine:
+                judged[i] = _versus(row, mine, outcomes)
+    raw = {i: max(exact_p_above(v.only_comparison, v.only_floor) for v in versus) for i, versus in judged.items()}
+    adjusted = dict(zip(raw, multipletests(list(raw.values()), alpha=alpha, method="fdr_bh")[1])) if raw else {}
+    out = []
+    for i, row in enumerate(rows):
         row = dict(row)
         if row.get("status") != "done":
             out.append({**row, "verdict": None, "verdict_words": None})
@@ -157,11 +183,13 @@ def with_verdicts(rows: list[dict], margin: float = MARGIN, alpha: float = ALPHA
                      + (f" (at most {bound:.1%} at {1 - alpha:.0%})" if k == 0 else ""))
             out.append({**row, "verdict": "noise floor", "verdict_words": words, "floor_rate": k / n if n else None,
                         "excess": None, "excess_low": None, "excess_high": None, "p_above": None,
-                        "upper_bound": bound})
+                        "p_adjusted": None, "comparisons_tested": None, "floors_paired": None, "upper_bound": bound})
             continue
-        floor = larger_floor([*floors.get(row["cell_a"], []), *floors.get(row["cell_b"], [])])
-        v = judge(k, n, *(floor or (None, None)), margin=margin, alpha=alpha)
+        v = judge(k, n, judged.get(i, ()), margin=margin, alpha=alpha,
+                  p_adjusted=float(adjusted[i]) if i in adjusted else None, tested=len(raw))
         out.append({**row, "verdict": v.label, "verdict_words": v.words, "floor_rate": v.floor, "excess": v.excess,
                     "excess_low": v.excess_low, "excess_high": v.excess_high, "p_above": v.p_above,
+                    "p_adjusted": v.p_adjusted, "comparisons_tested": len(raw) if i in raw else None,
+                    "floors_paired": json.dumps([vars(c) for c in v.versus]) if v.versus else None,
                     "upper_bound": v.upper_bound})
     return out

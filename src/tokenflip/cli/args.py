@@ -48,6 +48,12 @@ def model_ref(text: str):
     return text
 
 
+def tokenizer_ref(text: str):
+    """`audit --tokenizer`: `server` (the served model's own, asked of the server), else a
+    model as `model_ref` reads it (a directory named `server` is `./server`)."""
+    return "server" if text == "server" else model_ref(text)
+
+
 def number(low: float, high: float, unit: str = "", integer: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite number in [low, high] (an integer with `integer`); NaN,
     infinities and 1e309 are refused, not priced or counted."""

