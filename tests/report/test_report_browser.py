@@ -796,10 +796,10 @@ def test_diverged_texts_are_the_prepared_tokenizers_decoding_of_the_stored_ids(r
 
 def test_every_diverged_prompt_is_labelled_and_every_pair_judged(run):
     """No browser needed: each diverged prompt's label holds for the stored cells (a near-tie
-    is a margin within one step of its side's precision at its top logit; anything else has
-    both margins wider), a rejoin is four tokens of a again in b, every finished pair has a
-    verdict against the floor the repeat measured, and the page says both."""
-    from tokenflip.analysis.causes import CAUSES, resolution
+    is a margin within one step of its side's precision between its top two logits; anything
+    else has both margins wider), a rejoin is four tokens of a again in b, every finished pair
+    has a verdict against the floor the repeat measured, and the page says both."""
+    from tokenflip.analysis.causes import CAUSES, step_between
     from tokenflip.analysis.compare import cause_column
     from tokenflip.core import storage
     from tokenflip.core.layout import RunLayout
@@ -820,7 +820,9 @@ def test_every_diverged_prompt_is_labelled_and_every_pair_judged(run):
         if row["cause"] == "ended":
             assert min(len(c["token_ids"]) for c, _ in cells.values()) == step
             continue
-        slack = [c["margin"][step] - resolution(c["top_logits"][step][0], prec) for c, prec in cells.values()]
+        slack = [c["margin"][step] - step_between(*sorted((c["top_logits"][step][0], c["top_logits"][step][1]),
+                                                          key=abs, reverse=True), prec)
+                 for c, prec in cells.values()]
         tie = min(c["margin"][step] for c, _ in cells.values()) == 0
         assert tie == (row["cause"] == "exact tie")
         assert (min(slack) <= 0 and not tie) == (row["cause"] == "near-tie"), (row["cause"], slack)

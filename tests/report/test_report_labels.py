@@ -177,6 +177,9 @@ def test_the_header_counts_the_comparisons_the_verdicts_list(audit_report):
     verdicts = _text(html, '<section id="verdicts">')
     counts = [int(n) for n in re.findall(r"(\d+) pairs?\b", verdicts[verdicts.index("finished comparisons"):])[:3]]
     assert "The 3 finished comparisons:" in verdicts and sum(counts) == 3, verdicts
+    # The Benjamini–Hochberg family: the finished pairs beside a repeat of one of their cells
+    # (the second runs' pair too: it is judged, though counted once above).
+    assert "Benjamini–Hochberg across the 3 pairs tested against a floor, second runs' included" in verdicts
 
 
 def test_a_diverged_prompt_without_answers_reads_no_answer_and_never_same_final_answer(audit_report):
