@@ -189,7 +189,8 @@ def test_plan_says_what_each_comparisons_prompts_can_show():
     head = f"comparison {comp['axis']}: {comp['a']} vs {comp['b']}"
     assert f"{head}: {n} prompts a pair: 0 parted would bound the rate at {upper_bound(0, n):.1%} (95%)" in lines[0]
     rise = detectable_rise(n, 0.0)
-    assert lines[0].endswith(f"detects a rise of {rise:.1%} at 80% power" if rise else "(too few prompts)")
+    assert lines[0].endswith(f"detects a rise of {rise:.1%} at 80% power" if rise else
+                             "detects no rise at 80% power (too few prompts)")
     assert f"{head}: bounding the rate at 5.6% takes 65 prompts a pair" in lines
     assert f"{head}: detecting a rise of 20.0% above a floor of 0 at 80% power takes {prompts_for_power(0.2, 0.0)} " \
            f"prompts a pair" in lines

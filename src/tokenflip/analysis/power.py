@@ -28,9 +28,9 @@ def power_lines(config: dict[str, Any], pairs) -> list[str]:
                 continue
             rise = detectable_rise(n, 0.0, POWER)
             lines.append(f"{where}: {n} prompts a pair: 0 parted would bound the rate at {upper_bound(0, n):.1%} "
-                         f"(95%); against a floor of 0 the paired exact test detects a rise of "
-                         + (f"{rise:.1%} at 80% power" if rise is not None else "no size at 80% power (too few "
-                            "prompts)"))
+                         f"(95%); against a floor of 0 the paired exact test "
+                         + (f"detects a rise of {rise:.1%} at 80% power" if rise is not None else
+                            "detects no rise at 80% power (too few prompts)"))
         if wanted.get("bound") is not None and mine:
             needed = prompts_for_bound(wanted["bound"])
             lines.append(f"{where}: bounding the rate at {wanted['bound']:.1%} takes {needed} prompts a pair")

@@ -190,6 +190,7 @@ def with_verdicts(rows: list[dict], outcomes: Outcomes, margin: float = MARGIN, 
         out.append({**row, "verdict": v.label, "verdict_words": v.words, "floor_rate": v.floor, "excess": v.excess,
                     "excess_low": v.excess_low, "excess_high": v.excess_high, "p_above": v.p_above,
                     "p_adjusted": v.p_adjusted, "comparisons_tested": len(raw) if i in raw else None,
-                    "floors_paired": json.dumps([vars(c) for c in v.versus]) if v.versus else None,
+                    # every floor, even where none parted: the gate judges the excess against them
+                    "floors_paired": json.dumps([vars(c) for c in judged[i]]) if i in judged else None,
                     "upper_bound": v.upper_bound})
     return out

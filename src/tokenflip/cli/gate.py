@@ -18,7 +18,6 @@ comparison: a failure, a pass, or an inconclusive skip) is written for CI system
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,18 +44,20 @@ def _floors(row: dict):
     return [PairedCounts(**c) for c in json.loads(text)] if isinstance(text, str) and text else []
 
 
-def _prompts_to_decide(n: int, estimate: float, low: float, high: float, bound: float) -> str:
-    """Roughly how many prompts a pair would decide it, if the estimate stayed where it is
-    (an interval's half-width shrinks as 1/√n)."""
-    gap = abs(estimate - bound)
-    if gap == 0 or not math.isfinite(low + high):
-        return "no number of prompts decides it while the estimate sits at the bound"
-    need = math.ceil(n * ((high - low) / 2 / gap) ** 2)
-    return f"about {max(need, n + 1)} prompts a pair would decide it, were the rate to stay at {estimate:.1%}"
+def _prompts_to_decide(n: int, decides) -> str:
+    """Roughly how many prompts a pair would decide it, were its rates to stay as they are:
+    the fewest n' (searched geometrically, to 10^6) at which `decides(n')` holds."""
+    size = n + 1
+    while size <= 10 ** 6:
+        if decides(size):
+            return f"about {size} prompts a pair would decide it, were its rates to stay as they are"
+        size = max(size + 1, int(size * 1.25))
+    return "more than 10^6 prompts a pair would be needed, were its rates to stay as they are"
 
 
-def judge_row(row: dict, bound: float, alpha: float = ALPHA) -> Outcome:
-    """One done comparison against the bound, before the run-wide adjustment."""
+def judge_row(row: dict, bound: float, alpha: float = ALPHA, tested: int = 1) -> Outcome:
+    """One done comparison against the bound, before the run-wide adjustment (over `tested`
+    comparisons)."""
     from scipy.stats import binomtest
     from statsmodels.stats.proportion import proportion_confint
 
@@ -77,22 +78,36 @@ def judge_row(row: dict, bound: float, alpha: float = ALPHA) -> Outcome:
         i = max(range(len(floors)), key=lambda j: spans[j][1])
         estimate, (low, high), what = floors[i].excess, spans[i], f"above its floor of {floors[i].floor_rate:.1%}"
         passed = all(hi <= bound for _, hi in spans)
+        b, c, m = floors[i].only_comparison, floors[i].only_floor, floors[i].n
+
+        def decides(size: int) -> bool:
+            b2, c2 = round(b * size / m), round(c * size / m)
+            if estimate > bound:
+                return p_excess_above(b2, c2, size, bound) * tested <= alpha
+            return tango_interval(b2, c2, size, 2 * alpha)[1] <= bound
     else:
         low, high = (float(v) for v in proportion_confint(k, n, alpha=2 * alpha, method="beta"))
         p_fail, estimate, what = float(binomtest(k, n, bound, alternative="greater").pvalue), k / n, "(no floor)"
         passed = high <= bound
+
+        def decides(size: int) -> bool:
+            k2 = round(k * size / n)
+            if estimate > bound:
+                return float(binomtest(k2, size, bound, alternative="greater").pvalue) * tested <= alpha
+            return float(proportion_confint(k2, size, alpha=2 * alpha, method="beta")[1]) <= bound
     figures = f"{k} of {n} parted; {estimate:+.1%} {what}, {1 - 2 * alpha:.0%} interval {low:+.1%} to {high:+.1%}"
     if passed:
         return Outcome("pass", f"{figures}: at most --max-divergence {bound:.1%}", p_fail, figures)
     return Outcome("inconclusive", f"{figures}: neither shown above nor at most --max-divergence {bound:.1%}; "
-                                   f"{_prompts_to_decide(n, estimate, low, high, bound)}", p_fail, figures)
+                                   f"{_prompts_to_decide(n, decides)}", p_fail, figures)
 
 
 def outcomes(rows: list[dict], bound: float, alpha: float = ALPHA) -> list[Outcome]:
     """Every row's outcome, "above X" decided by Holm's adjustment across the done rows."""
     from statsmodels.stats.multitest import multipletests
 
-    out = [judge_row(r, bound, alpha) if r["status"] == "done" else
+    tested = max(1, sum(r["status"] == "done" and int(r["n_prompts"]) > 0 for r in rows))
+    out = [judge_row(r, bound, alpha, tested) if r["status"] == "done" else
            Outcome("inconclusive", f"{r['status']}: a cell of this comparison did not finish") for r in rows]
     tested = [i for i, o in enumerate(out) if o.p_fail is not None]
     if tested:
