@@ -69,7 +69,8 @@ def test_the_gate_fails_passes_and_stays_inconclusive_where_the_figures_say(tmp_
     ]
     proc = _run(tmp_path, rows, "--max-divergence", "0.05")
     assert proc.returncode == 1, proc.stderr
-    assert "7 comparison(s) at --max-divergence 5.0%: 3 passed, 2 failed, 2 inconclusive" in proc.stderr
+    # The floor is what the others are judged against: not gated itself unless named.
+    assert "6 comparison(s) at --max-divergence 5.0%: 2 passed, 2 failed, 2 inconclusive" in proc.stderr
     lines = {line.split(" [")[0]: line for line in proc.stderr.splitlines() if line.split(" ")[0].isupper()}
     assert lines["FAIL concurrency: loud"].startswith(
         "FAIL concurrency: loud [ctx]: 20 of 64 parted; +31.2% above its floor of 0.0%, 90% interval +22.6% to "
@@ -82,16 +83,16 @@ def test_the_gate_fails_passes_and_stays_inconclusive_where_the_figures_say(tmp_
     assert [type(r).__name__ for r in cases["concurrency: noisy"].result] == ["Skipped"]
     assert cases["concurrency: quiet"].is_passed and cases["concurrency: better"].is_passed
     suite = ET.parse(tmp_path / "gate.junit.xml").getroot().find("testsuite")  # plain XML: what CI systems read
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("7", "2", "2")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("6", "2", "2")
 
 
 def test_inconclusive_exits_3_only_where_nothing_failed_and_a_passing_run_exits_0(tmp_path):
     proc = _run(tmp_path, [_floor(0), _row("quiet", 0, cell_a="base"), _row("noisy", 3, cell_a="base")],
                 "--max-divergence", "0.05")
     assert proc.returncode == 3, proc.stderr
-    assert "2 passed, 0 failed, 1 inconclusive" in proc.stderr  # the floor itself is gated on its own rate
+    assert "1 passed, 0 failed, 1 inconclusive" in proc.stderr
     proc = _gate(tmp_path, "--max-divergence", "0.2")
-    assert proc.returncode == 0 and "3 passed, 0 failed, 0 inconclusive" in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "2 passed, 0 failed, 0 inconclusive" in proc.stderr, proc.stderr
 
 
 def test_a_bound_of_zero_fails_on_any_prompt_parted_above_the_floor_and_one_passes_everything(tmp_path):
@@ -101,17 +102,20 @@ def test_a_bound_of_zero_fails_on_any_prompt_parted_above_the_floor_and_one_pass
     proc = _run(tmp_path, rows, "--max-divergence", "0")
     assert proc.returncode == 1, proc.stderr
     fails = sorted(line.split(" [")[0] for line in proc.stderr.splitlines() if line.startswith("FAIL"))
-    assert fails == ["FAIL concurrency: alone", "FAIL concurrency: more", "FAIL repeat: again"]
+    assert fails == ["FAIL concurrency: alone", "FAIL concurrency: more"]
     assert "1 of 64 prompts parted where its floor did not, above --max-divergence 0" in proc.stderr
     assert _gate(tmp_path, "--max-divergence", "1").returncode == 0
+    # A noise floor is gated where it is named, on its own rate, and said to be one.
+    proc = _gate(tmp_path, "--max-divergence", "0", "--comparison", "repeat")
+    assert proc.returncode == 1 and "2 of 64 prompts parted when the same setting ran again (a noise floor)" \
+        in proc.stderr
 
 
 def test_holm_keeps_many_borderline_comparisons_from_failing_by_chance(tmp_path):
     """One comparison just shown above the bound fails alone; among twenty it is adjusted."""
     from tokenflip.analysis.paired import p_excess_above
 
-    # The fewest that fail beside their floor (gated too: Holm over two comparisons).
-    k = next(k for k in range(64) if p_excess_above(k, 0, N, 0.05) < 0.025)
+    k = next(k for k in range(64) if p_excess_above(k, 0, N, 0.05) < 0.05)  # the fewest that fail alone
     assert _run(tmp_path, [_floor(0), _row("edge", k, cell_a="base")], "--max-divergence", "0.05").returncode == 1
     rows = [_floor(0), _row("edge", k, cell_a="base")] + [_row(f"q{i}", 0, cell_a="base") for i in range(20)]
     proc = _run(tmp_path, rows, "--max-divergence", "0.05")
@@ -133,7 +137,9 @@ def test_a_bound_that_is_not_a_share_is_refused(tmp_path, bound):
 def test_an_unreadable_run_has_its_own_message_and_code(tmp_path):
     proc = _gate(tmp_path, "--max-divergence", "0.05")
     assert proc.returncode == 4 and "no summary of pairs" in proc.stderr
-    (tmp_path / "summary").mkdir()
+    _summary(tmp_path, [_floor(0)])  # nothing but a noise floor: nothing to gate, never a pass
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "no comparison to gate" in proc.stderr
     (tmp_path / "summary" / "pairs.parquet").write_bytes(b"PAR1 not parquet")
     proc = _gate(tmp_path, "--max-divergence", "0.05")
     assert proc.returncode == 4 and "not a readable summary of pairs" in proc.stderr
@@ -166,6 +172,6 @@ def test_the_gate_a_study_declares_travels_with_its_summary(tmp_path):
     assert proc.returncode == 0 and "2 comparison(s) at --max-divergence 50.0%: 2 passed" in proc.stderr, proc.stderr
     write({"max_divergence": 0.05})
     proc = _gate(tmp_path)
-    assert proc.returncode == 1 and "4 comparison(s) at --max-divergence 5.0%: 2 passed, 2 failed" in proc.stderr
+    assert proc.returncode == 1 and "3 comparison(s) at --max-divergence 5.0%: 1 passed, 2 failed" in proc.stderr
     proc = _gate(tmp_path, "--max-divergence", "0.5", "--comparison", "order")
     assert proc.returncode == 0 and "1 comparison(s)" in proc.stderr

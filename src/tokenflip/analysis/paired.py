@@ -126,9 +126,9 @@ def power_above(n: int, rate: float, floor: float, alpha: float = 0.05) -> float
 
 def prompts_for_power(rate: float, floor: float, power: float = 0.8, alpha: float = 0.05,
                       most: int = 20000) -> int | None:
-    """The fewest prompts at which `power_above` reaches `power` (None beyond `most`). The
-    exact power is not monotone in n (the binomial's steps), so the first n from which it
-    stays above is searched, by doubling then bisecting, then checked upward."""
+    """The fewest prompts at which `power_above` reaches `power` (None beyond `most`), by
+    doubling then bisecting. The exact power has small steps in n (the binomial's), so past
+    this n it may dip just below `power` again for a few n."""
     if rate <= floor:
         return None
     high = 8

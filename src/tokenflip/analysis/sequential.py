@@ -91,7 +91,8 @@ def decided(d, margin: float, alpha: float = ALPHA) -> tuple[str | None, int | N
     sequence inside ±margin), or (None, None) while neither."""
     above = first_above(d, alpha)
     low, high = excess_sequence(d, 2 * alpha)
-    within = np.flatnonzero((low > -margin) & (high < margin))
+    # An empty sequence (lower above upper) is no evidence of equality: the outcomes shifted.
+    within = np.flatnonzero((low > -margin) & (high < margin) & (low <= high))
     first_within = int(within[0]) + 1 if within.size else None
     if above is not None and (first_within is None or above <= first_within):
         return "changes outputs", above

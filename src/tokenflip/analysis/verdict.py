@@ -92,9 +92,14 @@ def judge(k: int, n: int, versus: list[PairedCounts] | tuple = (), margin: float
         return Verdict(label="within noise", words=f"within noise: {k} of {n} parted; the excess over{each} "
                                                    f"({span}) is within ±{margin:.0%}", **common)
     above = [v for v, q in zip(versus, ps) if q <= alpha]
-    why = (f"more than the {above[0].floor_rate:.1%} floor, not more than the {floor.floor_rate:.1%} one ({exact})"
-           if above else f"not shown above the floor of {floor.floor_rate:.1%} ({exact}), nor within ±{margin:.0%} "
-                         f"of it ({span}): more prompts are needed")
+    if above and p > alpha:  # one floor exceeded, another not
+        why = f"more than the {above[0].floor_rate:.1%} floor, not more than the {floor.floor_rate:.1%} one ({exact})"
+    elif p <= alpha:  # every floor exceeded, but not after the adjustment for the study's many comparisons
+        why = (f"above the noise floor before the adjustment for the study's {tested} comparisons, not after it "
+               f"({exact}): more prompts are needed")
+    else:
+        why = (f"not shown above the floor of {floor.floor_rate:.1%} ({exact}), nor within ±{margin:.0%} of it "
+               f"({span}): more prompts are needed")
     return Verdict(label="undecided", words=f"undecided: {k} of {n} parted; {why}", **common)
 
 
@@ -149,7 +154,9 @@ def _versus(row: dict, floors: list[dict], outcomes: Outcomes) -> list[PairedCou
     out = []
     for floor in {f["pair_id"]: f for f in floors}.values():
         floor_prompts, floor_parted = outcomes[floor["pair_id"]]
-        out.append(PairedCounts.of(set(parted), set(floor_parted), set(prompts) & set(floor_prompts)))
+        shared = set(prompts) & set(floor_prompts)
+        if shared:  # a floor measured on other prompts says nothing of these
+            out.append(PairedCounts.of(set(parted), set(floor_parted), shared))
     return out
 
 
@@ -166,8 +173,8 @@ def with_verdicts(rows: list[dict], outcomes: Outcomes, margin: float = MARGIN, 
     for i, row in enumerate(rows):
         if row.get("status") == "done" and row.get("axis") != "repeat" and int(row["n_prompts"]):
             mine = [*floors.get(row["cell_a"], []), *floors.get(row["cell_b"], [])]
-            if mine:
-                judged[i] = _versus(row, mine, outcomes)
+            if mine and (versus := _versus(row, mine, outcomes)):
+                judged[i] = versus
     raw = {i: max(exact_p_above(v.only_comparison, v.only_floor) for v in versus) for i, versus in judged.items()}
     adjusted = dict(zip(raw, multipletests(list(raw.values()), alpha=alpha, method="fdr_bh")[1])) if raw else {}
     out = []

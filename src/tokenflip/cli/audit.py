@@ -180,7 +180,7 @@ def tokenizer_entry(args, endpoints: dict[str, dict[str, Any]]) -> tuple[dict[st
     if args.reference in (None, "none") and given.get("source") in ("hf", "gguf-package"):
         given = {**given, "tokenizer_only": True}
     entry = model_spec(given, "--tokenizer")
-    return entry, label_of(args.model_name, entry)
+    return entry, label_of(args.model_name or model_name_of(entry), entry)
 
 
 def model_name_of(given: Any) -> str:

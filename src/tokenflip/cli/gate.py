@@ -11,7 +11,8 @@ the verdicts are: `analysis/paired.py`; a comparison without a floor, on its own
   likely decide it.
 
 Exit 0: every comparison passed; 1: one failed; 3: none failed, one is inconclusive; 2: a
-usage error; 4: the run's summary cannot be read. A JUnit XML file (one test case per
+usage error; 4: the run's summary cannot be read, or holds nothing to gate. The noise floors
+(repeat pairs) are gated only where `--comparison` names them, on their own rate. A JUnit XML file (one test case per
 comparison: a failure, a pass, or an inconclusive skip) is written for CI systems.
 """
 
@@ -67,9 +68,11 @@ def judge_row(row: dict, bound: float, alpha: float = ALPHA, tested: int = 1) ->
     floors = _floors(row) if row.get("axis") != "repeat" else []
     if n == 0:
         return Outcome("inconclusive", "no prompt was compared")
+    floor_itself = row.get("axis") == "repeat"
     if bound == 0:  # zero tolerance: any prompt that parted where its floor(s) did not
         above = min((f.only_comparison for f in floors), default=k)
-        what = "where its floor did not" if floors else "(no floor measured)"
+        what = ("where its floor did not" if floors else
+                "when the same setting ran again (a noise floor)" if floor_itself else "(no floor measured)")
         return Outcome("fail", f"{above} of {n} prompts parted {what}, above --max-divergence 0") if above else \
             Outcome("pass", f"no prompt parted {what}")
     if floors:
@@ -87,7 +90,8 @@ def judge_row(row: dict, bound: float, alpha: float = ALPHA, tested: int = 1) ->
             return tango_interval(b2, c2, size, 2 * alpha)[1] <= bound
     else:
         low, high = (float(v) for v in proportion_confint(k, n, alpha=2 * alpha, method="beta"))
-        p_fail, estimate, what = float(binomtest(k, n, bound, alternative="greater").pvalue), k / n, "(no floor)"
+        p_fail, estimate = float(binomtest(k, n, bound, alternative="greater").pvalue), k / n
+        what = "(a noise floor, on its own rate)" if floor_itself else "(no floor)"
         passed = high <= bound
 
         def decides(size: int) -> bool:
@@ -162,6 +166,10 @@ def cmd_gate(args) -> None:
         if pairs.empty:
             raise ResultError(f"{path}: no comparison matches {comparisons} (axes or labels such as "
                               f"'concurrency: default vs 8')")
+    else:  # the noise floors are what the comparisons are judged against, gated only where named
+        pairs = pairs[pairs["axis"] != "repeat"]
+    if pairs.empty:
+        _unreadable(f"{path}: no comparison to gate (the summary holds only noise floors, or none)")
     rows = pairs.to_dict("records")
     results = outcomes(rows, bound)
     suite = TestSuite(f"tokenflip gate {Path(args.run).name}")

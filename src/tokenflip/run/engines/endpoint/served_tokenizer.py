@@ -48,18 +48,19 @@ class Family:
     tokenize_body: Callable[[str, str, bool], dict[str, Any]]  # (model, text, add_special) -> body
     detokenize: str | None
     detokenize_body: Callable[[str, list[int]], dict[str, Any]] | None
-    detokenized: str | None  # the answer's field holding the text
+    detokenized: tuple[str, ...]  # the answer's fields that may hold the text (the first present)
     chat: str | None = None  # "messages" (tokenize takes them) or "apply-template"
     info: str | None = None  # a route naming special tokens and the chat template
 
 
 VLLM = Family("vllm", "/tokenize", lambda m, t, s: {"model": m, "prompt": t, "add_special_tokens": s},
-              "/detokenize", lambda m, ids: {"model": m, "tokens": ids}, "prompt", "messages", "/tokenizer_info")
+              "/detokenize", lambda m, ids: {"model": m, "tokens": ids}, ("prompt", "text"), "messages",
+              "/tokenizer_info")  # vLLM answers its text as "prompt", SGLang as "text"
 LLAMA_CPP_PYTHON = Family("llama-cpp-python", "/extras/tokenize", lambda m, t, s: {"model": m, "input": t},
-                          "/extras/detokenize", lambda m, ids: {"model": m, "tokens": ids}, "text")
+                          "/extras/detokenize", lambda m, ids: {"model": m, "tokens": ids}, ("text",))
 LLAMA_CPP = Family("llama.cpp", "/tokenize", lambda m, t, s: {"content": t, "add_special": s},
-                   "/detokenize", lambda m, ids: {"tokens": ids}, "content", "apply-template", "/props")
-TGI = Family("tgi", "/tokenize", lambda m, t, s: {"inputs": t, "add_special_tokens": s}, None, None, None)
+                   "/detokenize", lambda m, ids: {"tokens": ids}, ("content",), "apply-template", "/props")
+TGI = Family("tgi", "/tokenize", lambda m, t, s: {"inputs": t, "add_special_tokens": s}, None, None, ())
 
 
 def families(server_kind: str) -> list[Family]:
@@ -151,7 +152,8 @@ class ServedTokenizer:
             if not ids:
                 return ""
             answer = self._post(self.family.detokenize, self.family.detokenize_body(self.spec["model"], ids))
-            text = answer.get(self.family.detokenized) if isinstance(answer, dict) else None
+            text = next((answer[k] for k in self.family.detokenized if isinstance(answer.get(k), str)), None) \
+                if isinstance(answer, dict) else None
             if not isinstance(text, str):
                 raise ServedTokenizerError(f"{self.root + self.family.detokenize} answered no text")
             self._decoded[key] = text
@@ -224,7 +226,8 @@ def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokeniz
         try:
             info["added_ids"] = tokenizer.encode("", add_special_tokens=True)  # what it adds of its own
             tokenizer._encoded.clear()
-            round_trip = all(tokenizer.decode(tokenizer.encode(t, False)) == t for t in PROBE_TEXTS)
+            # A SentencePiece detokenizer may drop the leading space it added: the text itself must come back.
+            round_trip = all(tokenizer.decode(tokenizer.encode(t, False)).strip() == t.strip() for t in PROBE_TEXTS)
         except (ServedTokenizerError, httpx2.HTTPError, ValueError, AttributeError) as exc:
             tried.append(f"{root + family.tokenize}: {' '.join(str(exc).split())[:160]}")
             continue

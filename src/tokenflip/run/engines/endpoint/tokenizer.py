@@ -99,7 +99,7 @@ def _unspelled(spec: dict[str, Any], tokenizer, label: str, where: str, why_no_r
     if not tokens:
         return _unchecked(where, f"{why_no_route}, and its completions return no tokens (logprobs)")
     vocabulary = Vocabulary(tokenizer)
-    size = len(tokenizer)
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else float("inf")  # a server's names no size
     unspelled = sorted(t for t in tokens if not 0 <= vocabulary.id_of(t) < size)  # `token_id:N` too
     if len(unspelled) <= UNSPELLED_ALLOWED * len(tokens):
         return None
