@@ -6,9 +6,10 @@ JUnit parser loads (inconclusive: skipped), and an unreadable run its own code."
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
+import io
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -44,8 +45,17 @@ def _summary(tmp_path, rows):
 
 
 def _gate(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "tokenflip", "gate", str(tmp_path), *args], capture_output=True,
-                          text=True, timeout=300)
+    """`tokenflip gate` through the command line's own entry point, in this process (the
+    command line's start-up is tested elsewhere): its exit code and what it printed."""
+    from tokenflip.cli.main import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(["gate", str(tmp_path), *args])
+        except SystemExit as exc:
+            code = exc.code
+    return SimpleNamespace(returncode=code, stderr=err.getvalue())
 
 
 def _run(tmp_path, rows, *args):
