@@ -233,7 +233,7 @@ def test_the_servers_own_tokenizer_is_the_embedded_one_over_http(servers, proxy,
     scripts, and decode back to them; a token's id comes from its text; the end-of-sequence
     token is the one the entry states (the server names none); a server without a route
     back from ids to text is refused, naming each route it tried."""
-    from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizerError, connect
+    from tokenflip.models.served_tokenizer import ServedTokenizerError, connect
     from tokenflip.run.engines.endpoint.server import tokenizer_of
 
     embedded = tokenizer_of(SMOLLM2, str(servers["model_dir"]))
@@ -292,7 +292,7 @@ def test_a_model_prepared_from_the_servers_tokenizer_decodes_as_the_embedded_one
 
     changed = json.loads((out / "served_tokenizer.json").read_text())
     changed["info"]["probe_sha256"] = "0" * 64
-    from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizer, ServedTokenizerError
+    from tokenflip.models.served_tokenizer import ServedTokenizer, ServedTokenizerError
 
     with pytest.raises(ServedTokenizerError, match="its tokenizer is not the one prepared from it .* the server "
                                                    "changed; prepare the model again"):

@@ -155,7 +155,7 @@ def tokenizer_entry(args, endpoints: dict[str, dict[str, Any]]) -> tuple[dict[st
     Without `--tokenizer`: the embedded SmolLM2 where every server tokenizes as it does (a
     local reference can then run), else the server's own where it offers one, else refused."""
     from tokenflip.cli.args import model_spec
-    from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizerError, connect
+    from tokenflip.models.served_tokenizer import ServedTokenizerError, connect
     from tokenflip.run.engines.endpoint.server import tokenizer_of
     from tokenflip.run.engines.endpoint.tokenizer import label_of, mismatch
     from tokenflip.study.config import ConfigError, served_by

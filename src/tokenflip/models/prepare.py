@@ -189,10 +189,13 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     served = None
     if spec["source"] == "server":
-        from tokenflip.run.engines.endpoint import served_tokenizer
+        from tokenflip.models import served_tokenizer
 
-        served = served_tokenizer.connect(_served_by(spec), spec.get("eos_token"))
-        config, generation, tokenizer = None, _generation_of(served), served
+        if not isinstance(spec.get("served_by"), dict):
+            raise ModelError(f"model of source 'server' (endpoint {spec.get('endpoint')!r}): no `served_by` (the "
+                             f"endpoint's URL and model, which a validated config fills in)")
+        served = served_tokenizer.connect(spec["served_by"], spec.get("eos_token"))
+        config, generation, tokenizer = None, served_tokenizer.generation_config(served), served
         model = None
     elif spec.get("tokenizer_only"):
         config, generation, tokenizer = build_tokenizer_only(spec)
@@ -344,21 +347,6 @@ def read_manifest(model_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _served_by(spec: dict[str, Any]) -> dict[str, Any]:
-    if not isinstance(spec.get("served_by"), dict):
-        raise ModelError(f"model of source 'server' (endpoint {spec.get('endpoint')!r}): no `served_by` (the "
-                         f"endpoint's URL and model, which a validated config fills in)")
-    return spec["served_by"]
-
-
-def _generation_of(served):
-    """The generation config of a server's model: the end-of-sequence id the server names
-    (or the entry states), none where neither does."""
-    from transformers import GenerationConfig
-
-    return GenerationConfig(eos_token_id=served.eos_token_id)
-
-
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -374,7 +362,7 @@ def load_tokenizer(model_dir: str | Path):
     manifest = read_manifest(model_dir)
     verify_prepared(model_dir, manifest, tokenizer_only=True)
     if manifest["spec"].get("source") == "server":
-        from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizer
+        from tokenflip.models.served_tokenizer import ServedTokenizer
 
         saved = json.loads((Path(model_dir) / SERVED_TOKENIZER).read_text())
         return ServedTokenizer(saved["spec"], saved["info"])

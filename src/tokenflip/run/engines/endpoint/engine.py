@@ -172,7 +172,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
         raise client.EndpointError(refused)
     tokenizer = load_tokenizer(model_dir)
     if hasattr(tokenizer, "check"):  # a server's tokenizer: still the one the model was prepared from
-        from tokenflip.run.engines.endpoint.served_tokenizer import ServedTokenizerError
+        from tokenflip.models.served_tokenizer import ServedTokenizerError
 
         try:
             tokenizer.check()

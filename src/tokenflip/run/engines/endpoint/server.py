@@ -113,7 +113,7 @@ def tokenizer_of(spec: dict[str, Any], prepared: str | None = None):
         if same:
             return load_tokenizer(prepared)
     if spec.get("source") == "server":
-        from tokenflip.run.engines.endpoint.served_tokenizer import connect
+        from tokenflip.models.served_tokenizer import connect
 
         return connect(spec["served_by"], spec.get("eos_token"))
     return _load_tokenizer(RANDOM_TOKENIZER if spec.get("source") == "random" else spec)
@@ -124,7 +124,7 @@ def identity(spec: dict[str, Any]) -> dict[str, Any]:
     reports at /version, where it has one."""
     import httpx2
 
-    from tokenflip.run.engines.endpoint.served_tokenizer import root_url
+    from tokenflip.models.served_tokenizer import root_url
 
     models, _ = served_models(spec)
     entry = next((m for m in models or [] if m["id"] == spec["model"]), {})

@@ -29,7 +29,7 @@ def server_ids(spec: dict[str, Any], text: str, timeout: float = 10.0) -> tuple[
     """The server's own ids of `text` and the route that gave them, or (None, why none did)."""
     import httpx2
 
-    from tokenflip.run.engines.endpoint.served_tokenizer import families, headers, root_url, token_ids
+    from tokenflip.models.served_tokenizer import families, headers, root_url, token_ids
 
     tried = []
     for family in families(spec.get("server", "openai")):

@@ -92,9 +92,16 @@ def token_ids(answer: Any) -> list[int] | None:
 
 
 def headers(spec: dict[str, Any]) -> dict[str, str]:
-    from tokenflip.run.engines.endpoint.client import api_key
+    """The bearer key from the variable the endpoint names (never from the config)."""
+    import os
 
-    return {"Authorization": f"Bearer {api_key(spec)}"} if spec.get("api_key_env") else {}
+    name = spec.get("api_key_env")
+    if not name:
+        return {}
+    if not os.environ.get(name):
+        raise ServedTokenizerError(f"endpoint {spec['url']}: its API key variable ${name} is not set in this "
+                                   f"environment")
+    return {"Authorization": f"Bearer {os.environ[name]}"}
 
 
 class ServedTokenizer:
@@ -228,7 +235,7 @@ def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokeniz
             tokenizer._encoded.clear()
             # A SentencePiece detokenizer may drop the leading space it added: the text itself must come back.
             round_trip = all(tokenizer.decode(tokenizer.encode(t, False)).strip() == t.strip() for t in PROBE_TEXTS)
-        except (ServedTokenizerError, httpx2.HTTPError, ValueError, AttributeError) as exc:
+        except (ServedTokenizerError, httpx2.HTTPError, ValueError, AttributeError, OSError) as exc:
             tried.append(f"{root + family.tokenize}: {' '.join(str(exc).split())[:160]}")
             continue
         if not round_trip:
@@ -242,11 +249,7 @@ def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokeniz
                                            f"one token")
             info["eos_token_id"], info["eos_from"] = ids[0], "the model entry's eos_token"
         info["chat"] = _chat_route(tokenizer, family)
-        from tokenflip.run.engines.endpoint.server import served_models
-
-        models, _ = served_models(spec)
-        length = next((m.get("max_model_len") for m in models or [] if m.get("id") == spec["model"]), None)
-        info["max_model_len"] = length if isinstance(length, int) else None
+        info["max_model_len"] = _model_length(tokenizer)
         tokenizer = ServedTokenizer(spec, info)
         info["probe_sha256"] = tokenizer.probe_sha256()
         return tokenizer
@@ -276,6 +279,25 @@ def _described(tokenizer: ServedTokenizer, family: Family) -> dict[str, Any]:
         if len(ids) == 1:
             out["eos_token_id"], out["eos_from"] = ids[0], f"{tokenizer.root + family.info} ({eos!r})"
     return out
+
+
+def _model_length(tokenizer: ServedTokenizer) -> int | None:
+    """The served model's length where its model list names one (vLLM's `max_model_len`)."""
+    try:
+        answer = tokenizer._http.get(tokenizer.spec["url"].rstrip("/") + "/models").json()
+        length = next((m.get("max_model_len") for m in answer.get("data") or []
+                       if isinstance(m, dict) and m.get("id") == tokenizer.spec["model"]), None)
+    except Exception:  # noqa: BLE001 - a model list without lengths: the context is not known
+        return None
+    return length if isinstance(length, int) and not isinstance(length, bool) else None
+
+
+def generation_config(served: ServedTokenizer):
+    """The generation config of a served model: the end-of-sequence id the server names (or
+    the entry states), none where neither does."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(eos_token_id=served.eos_token_id)
 
 
 def _chat_route(tokenizer: ServedTokenizer, family: Family) -> str | None:
