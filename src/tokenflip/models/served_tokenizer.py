@@ -23,9 +23,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-# Texts whose server ids stand for the tokenizer (`probe_sha256`): the check's probe, plain
+# Letters, digits, spaces, accents, CJK and an emoji: a text two tokenizers of different
+# families almost never split alike (the probe of `run/engines/endpoint/tokenizer.mismatch`).
+PROBE_TEXT = "Tokenizer check: 12,345 naïve cafés in Zürich — 東京 🙂\n    def f(x): return x ** 2  # done."
+# Texts whose server ids stand for the tokenizer (`probe_sha256`): that probe, plain
 # English, digits and whitespace runs.
-PROBE_TEXTS = ("Tokenizer check: 12,345 naïve cafés in Zürich — 東京 🙂\n    def f(x): return x ** 2  # done.",
+PROBE_TEXTS = (PROBE_TEXT,
                "The quick brown fox jumps over the lazy dog. 3.14159 + 2.71828 = 5.85987",
                "  leading spaces,\ttabs\tand\n\nblank lines  ")
 # Plain English whose ids are a background load's ordinary tokens, where the tokenizer's

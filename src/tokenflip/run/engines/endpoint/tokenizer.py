@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# Letters, digits, spaces, accents, CJK and an emoji: texts two tokenizers of different
-# families almost never split alike.
-PROBE_TEXT = "Tokenizer check: 12,345 naïve cafés in Zürich — 東京 🙂\n    def f(x): return x ** 2  # done."
+from tokenflip.models.served_tokenizer import PROBE_TEXT
+
 # The ids shown in a refusal (enough to see where two tokenizers part).
 SHOWN_IDS = 12
 # Where the server offers no tokenize route: the share of its returned tokens the local
