@@ -24,12 +24,10 @@ from typing import Any
 import torch
 
 from tokenflip.core import storage
+from tokenflip.models.served_tokenizer import FILE as SERVED_FILE
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MANIFEST = "model.json"
-# A server's tokenizer, prepared: the server's URL and model, the routes it offers, the
-# special ids it names and its ids' digest (`run/engines/endpoint/served_tokenizer.py`).
-SERVED_TOKENIZER = "served_tokenizer.json"
 
 
 class ModelError(RuntimeError):
@@ -215,10 +213,7 @@ def prepare(spec: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
             config.save_pretrained(tmp)
         if model is None:
             generation.save_pretrained(tmp)
-        if served is not None:  # where the server's tokenizer is, and what it answered
-            (tmp / SERVED_TOKENIZER).write_text(json.dumps({"spec": served.spec, "info": served.info}, indent=2,
-                                                           sort_keys=True))
-        tokenizer.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)  # a server's tokenizer writes where it is (`served_tokenizer.FILE`)
         weights = sorted(tmp.glob("*.safetensors"))
         manifest = {
             "spec": spec,
@@ -323,7 +318,8 @@ def verify_prepared(model_dir: str | Path, manifest: dict[str, Any], tokenizer_o
                                  f"model again (remove {root})")
         return
     wanted = {name for name in recorded
-              if not tokenizer_only or name.startswith(("tokenizer", "special_tokens", "chat_template", "served_"))}
+              if not tokenizer_only or name.startswith(("tokenizer", "special_tokens", "chat_template"))
+              or name == SERVED_FILE}
     present = {p.name for p in root.iterdir() if p.is_file() and not p.name.startswith(".")} - {MANIFEST}
     names = sorted(wanted & present)
     with ThreadPoolExecutor(max_workers=min(8, len(names) or 1)) as pool:  # the shards of a checkpoint side by side
@@ -364,8 +360,7 @@ def load_tokenizer(model_dir: str | Path):
     if manifest["spec"].get("source") == "server":
         from tokenflip.models.served_tokenizer import ServedTokenizer
 
-        saved = json.loads((Path(model_dir) / SERVED_TOKENIZER).read_text())
-        return ServedTokenizer(saved["spec"], saved["info"])
+        return ServedTokenizer.from_pretrained(model_dir)
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 

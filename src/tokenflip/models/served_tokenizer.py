@@ -23,6 +23,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+# A server's tokenizer, prepared: the server's URL and model, the routes it offers, the
+# special ids it names and its ids' digest.
+FILE = "served_tokenizer.json"
 # Letters, digits, spaces, accents, CJK and an emoji: a text two tokenizers of different
 # families almost never split alike (the probe of `run/engines/endpoint/tokenizer.mismatch`).
 PROBE_TEXT = "Tokenizer check: 12,345 naïve cafés in Zürich — 東京 🙂\n    def f(x): return x ** 2  # done."
@@ -216,8 +219,19 @@ class ServedTokenizer:
                 f"{self.root}: its tokenizer is not the one prepared from it (its ids of the probe texts hash to "
                 f"{now[:12]}…, not {self.info['probe_sha256'][:12]}…): the server changed; prepare the model again")
 
-    def save_pretrained(self, directory) -> None:  # the prepared copy is `served_tokenizer.json`
-        pass
+    def save_pretrained(self, directory) -> None:
+        """Where the server's tokenizer is and what it answered (`FILE`): its prepared copy."""
+        from pathlib import Path
+
+        (Path(directory) / FILE).write_text(json.dumps({"spec": self.spec, "info": self.info}, indent=2,
+                                                       sort_keys=True))
+
+    @classmethod
+    def from_pretrained(cls, directory) -> "ServedTokenizer":
+        from pathlib import Path
+
+        saved = json.loads((Path(directory) / FILE).read_text())
+        return cls(saved["spec"], saved["info"])
 
 
 def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokenizer:

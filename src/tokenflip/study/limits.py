@@ -68,7 +68,9 @@ def context_length(model_dir: str | Path) -> int | None:
     """A prepared model's context (max_position_embeddings of its config.json, or of its
     text config), None where it names none."""
     path = Path(model_dir) / "config.json"
-    served = Path(model_dir) / "served_tokenizer.json"
+    from tokenflip.models.served_tokenizer import FILE
+
+    served = Path(model_dir) / FILE
     if not path.is_file() and served.is_file():  # the model length the server's model list names
         value = json.loads(served.read_text())["info"].get("max_model_len")
         return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
