@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from tokenflip.analysis.paired import exact_p_above
-from tokenflip.analysis.sequential import capital_above, decided, excess_sequence, first_above
+from tokenflip.analysis.sequential import (
+    anytime_p,
+    capital_above,
+    decided,
+    decided_against,
+    excess_sequence,
+    first_above,
+    prompts_to_decide,
+)
 
 
 def _draws(rng, n, rate, floor):
@@ -55,3 +63,25 @@ def test_a_clear_change_and_a_clear_equality_are_decided_and_the_capital_is_a_pr
     assert capital_above([1])[0] == pytest.approx(1.5)
     with pytest.raises(ValueError):
         capital_above([2])
+
+
+def test_against_several_floors_each_must_agree_and_many_comparisons_ask_more():
+    ones, zeros = np.ones(300, dtype=int), np.zeros(300, dtype=int)
+    # above one floor and level with the other: neither verdict holds for both
+    assert decided_against([ones, zeros], margin=0.05) == (None, None)
+    assert decided_against([ones, ones], margin=0.05) == ("changes outputs", first_above(ones))
+    assert decided_against([zeros, zeros], margin=0.05) == decided(zeros, margin=0.05)
+    assert decided_against([], margin=0.05) == (None, None)
+    # Bonferroni over 13 comparisons: the capital must reach 13/α, later than 1/α
+    assert decided(ones, margin=0.05, tested=13)[1] == first_above(ones, 0.05 / 13) > first_above(ones)
+    # the anytime p: 1 / the largest capital (K_1 = 1.5 by hand, above)
+    assert anytime_p([1]) == pytest.approx(1 / 1.5)
+    assert anytime_p(zeros) == 1.0
+
+
+def test_the_prompts_still_needed_are_the_rules_own_where_nothing_is_random():
+    # no prompt ever parts on either side: every simulated run is the zero sequence
+    assert prompts_to_decide(0.0, 0.0, margin=0.05) == decided(np.zeros(4000, dtype=int), margin=0.05)[1]
+    # a comparison that always parts where its floor never does: decided at the first capital above 1/α
+    assert prompts_to_decide(1.0, 0.0, margin=0.05) == first_above(np.ones(100, dtype=int))
+    assert prompts_to_decide(0.1, 0.1, margin=0.001, cap=256) is None  # a margin that close is not reached

@@ -14,6 +14,8 @@ from tokenflip.core.layout import RunLayout
 from tokenflip.study.plan import cell_job, expand_cells, expand_pairs, job_priorities, probe_job, probe_targets
 from tokenflip.run.probes import PROBES
 from tokenflip.analysis.summary import summary_tables
+from tokenflip.analysis import rounds as tokenflip_rounds
+from tokenflip.study.rounds import blocks_of, in_blocks, rounds_on, worst_case
 
 LAYOUT = RunLayout(config["run"])
 CELLS = expand_cells(config)
@@ -37,6 +39,9 @@ wildcard_constraints:
     a=r"[A-Za-z0-9_.]+",
     b=r"[A-Za-z0-9_.]+",
     context=r"[A-Za-z0-9_.=-]+",
+    first=r"\d+",
+    end=r"\d+|end",
+    round=r"\d+",
 
 
 def cell_of(wildcards):
@@ -57,6 +62,62 @@ def compare_priority(wildcards):
 
 def cell_job_json(wildcards):
     return cell_job(config, cell_of(wildcards)).dumps()
+
+
+def block_job_json(wildcards):
+    """A block's job: the cell's for its prompts only (the same whatever the study's n)."""
+    end = None if wildcards.end == "end" else int(wildcards.end)
+    return cell_job(config, cell_of(wildcards)).block(int(wildcards.first), end).dumps()
+
+
+BLOCKS = in_blocks(config)
+# Rounds: each round's decisions (checkpoint `decide_round`) name the cells that go on to
+# the next block; a cell's file joins the blocks its rounds took.
+JUDGED = tokenflip_rounds.judged_pairs(PAIRS) if rounds_on(config) else []
+if rounds_on(config):
+    _worst = worst_case(config, CELLS)
+    print(f"tokenflip: rounds: at most {_worst['rounds']} rounds, {_worst['blocks']} blocks, {_worst['prompts']} "
+          f"prompts in all (when no comparison is decided before its maximum); a dry run lists the first round's "
+          f"jobs, each later round's once the one before has decided", file=sys.stderr)
+
+
+def round_record(number):
+    """What round `number` decided (Snakemake runs its checkpoint first)."""
+    with open(checkpoints.decide_round.get(round=str(number)).output[0]) as handle:
+        return json.load(handle)
+
+
+def block_list(cell):
+    """The blocks of `cell` this study generates, as (path, first, end): all of them, or in
+    a study of rounds those of the rounds the cell took part in."""
+    blocks = blocks_of(config, cell.benchmark)
+    if rounds_on(config):
+        taken = 1
+        while taken < len(blocks) and cell.id in round_record(taken)["continue"]:
+            taken += 1
+        blocks = blocks[:taken]
+    return [(LAYOUT.block(cell.id, first, end), first, end) for first, end in blocks]
+
+
+def cell_blocks(wildcards):
+    return [path for path, _, _ in block_list(cell_of(wildcards))]
+
+
+def round_inputs(wildcards):
+    """What round N reads: the blocks so far of every cell of a comparison still open, and
+    the round before's decisions."""
+    number = int(wildcards.round)
+    previous = round_record(number - 1) if number > 1 else None
+    open_ = set(previous["open"]) if previous else None
+    still = [(p, f) for p, f in JUDGED if open_ is None or p.id in open_]
+    ids = set(tokenflip_rounds.cells_of(still))
+    blocks = [LAYOUT.block(cell.id, first, end) for cell in CELLS if cell.id in ids
+              for first, end in blocks_of(config, cell.benchmark)[:number]]
+    return {"blocks": blocks, "previous": [LAYOUT.round(number - 1)] if number > 1 else []}
+
+
+def round_question(wildcards):
+    return json.dumps(tokenflip_rounds.question(config, JUDGED, int(wildcards.round)), sort_keys=True)
 
 
 def benchmark_spec_json(wildcards):

@@ -18,3 +18,26 @@ rule compare:
         "../../envs/tokenflip.yaml"
     shell:
         "tokenflip compare {input.a:q} {input.b:q} --pair-id {params.pair:q} --out {output:q} > {log:q} 2>&1"
+
+
+# A study of rounds (`rounds:` in its config): after each round's blocks, every comparison
+# still open is judged (an anytime-valid paired test against its noise floors); the cells
+# of the undecided ones get the next block. A local job: it reads token ids only.
+localrules:
+    decide_round,
+
+
+checkpoint decide_round:
+    input:
+        unpack(round_inputs),
+    output:
+        LAYOUT.round_pattern,
+    params:
+        question=round_question,
+    log:
+        LAYOUT.log("rounds", "{round}"),
+    run:
+        from tokenflip.analysis.rounds import decide_round
+
+        decide_round(config, LAYOUT, int(wildcards.round), JUDGED, input.previous[0] if input.previous else None,
+                     output[0])

@@ -1,6 +1,10 @@
-# One job per cell. A cell on a GPU holds one `gpu` token, so `--resources gpu=N` bounds
-# how many run at once; CPU cells hold none and run one thread each, side by side. Cells
-# without a cache, the longest by far (every step recomputes the whole sequence), start first.
+# One job per cell; in a study made in blocks (`blocks:` or `rounds:`, tokenflip.study.rounds),
+# one job per block of its prompts, [0, 16), [16, 32), ... up to the benchmark's n, each a file
+# of its own that no later run makes again, and the cell's file joins its blocks (a local
+# job, no process of its own). A job on a GPU holds one
+# `gpu` token, so `--resources gpu=N` bounds how many run at once; CPU blocks hold none and
+# run one thread each, side by side. Cells without a cache, the longest by far (every step
+# recomputes the whole sequence), start first.
 
 
 rule generate:
@@ -8,11 +12,11 @@ rule generate:
         model=LAYOUT.model_pattern,
         prompts=LAYOUT.prompt_check_pattern,
     output:
-        LAYOUT.cell_pattern,
+        LAYOUT.block_pattern if BLOCKS else LAYOUT.cell_pattern,
     params:
-        job=cell_job_json,
+        job=block_job_json if BLOCKS else cell_job_json,
     log:
-        LAYOUT.log("generate", "{model}/{benchmark}/{cell}"),
+        LAYOUT.log("generate", "{model}/{benchmark}/{cell}" + ("/{first}-{end}" if BLOCKS else "")),
     threads: generate_threads
     priority: generate_priority
     resources:
@@ -22,3 +26,22 @@ rule generate:
         "../../envs/tokenflip.yaml"
     shell:
         "tokenflip generate --job {params.job:q} --model-dir {input.model:q} --out {output:q} > {log:q} 2>&1"
+
+
+if BLOCKS:
+
+    localrules:
+        join_blocks,
+
+    rule join_blocks:
+        input:
+            cell_blocks,
+        output:
+            LAYOUT.cell_pattern,
+        params:
+            job=cell_job_json,
+        run:
+            from tokenflip.run.cell_output import join_blocks
+            from tokenflip.core.specs import CellJob
+
+            join_blocks(CellJob.from_json(params.job), block_list(cell_of(wildcards)), output[0])

@@ -254,6 +254,28 @@ def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else float("nan")
 
 
+def _prompt_counts_aside(meta: dict) -> dict:
+    """A cell made in blocks without what its rounds decided: how many prompts and blocks it
+    holds (two cells of one study may hold different numbers; `prompts_both_have`)."""
+    if not meta.get("blocks"):
+        return meta
+    bench = {k: v for k, v in meta.get("benchmark", {}).items() if k not in ("n", "n_requested")}
+    observed = {k: v for k, v in meta.get("observed", {}).items() if k != "prompts"}
+    return {**{k: v for k, v in meta.items() if k != "blocks"}, "benchmark": bench, "observed": observed}
+
+
+def prompts_both_have(a: pa.Table, b: pa.Table, meta_a: dict, meta_b: dict) -> tuple[pa.Table, pa.Table]:
+    """Two cells made in rounds hold the blocks their comparisons needed: a comparison reads
+    the first prompts both have (the one with more holds the other's as its first)."""
+    n = min(a.num_rows, b.num_rows)
+    if a.num_rows == b.num_rows or not (meta_a.get("blocks") and meta_b.get("blocks")):
+        return a, b
+    a, b = a.slice(0, n), b.slice(0, n)
+    if a.column("prompt_id").to_pylist() != b.column("prompt_id").to_pylist():
+        raise ComparabilityError("the two cells' first prompts differ: their blocks are not of one benchmark order")
+    return a, b
+
+
 def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: str | Path) -> dict[str, Any]:
     """Compare two cell files and write the per-prompt table with the pair summary."""
     table_a, meta_a = storage.read_cell(path_a)
@@ -262,7 +284,8 @@ def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: 
         if meta.get("cell_id") != cell.id:
             raise ComparabilityError(f"{path}: holds cell {meta.get('cell_id')!r}, but pair {pair.id!r} "
                                      f"expects {cell.id!r} there")
-    check_comparable(meta_a, meta_b, pair.axis, path_a, path_b)
+    check_comparable(*map(_prompt_counts_aside, (meta_a, meta_b)), pair.axis, path_a, path_b)
+    table_a, table_b = prompts_both_have(table_a, table_b, meta_a, meta_b)
     k = int(meta_a["settings"]["record_top_k"])
     kinds = scores_of(meta_a), scores_of(meta_b)
     # A logprob is never compared with a logit: logit differences only between two cells

@@ -85,17 +85,60 @@ def excess_sequence(d, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
     return 2 * (lower - step) - 1, 2 * (upper + step) - 1  # one grid step of slack each way
 
 
-def decided(d, margin: float, alpha: float = ALPHA) -> tuple[str | None, int | None]:
-    """The anytime-valid verdict after the prompts so far, and after how many prompts it was
-    first reached: "changes outputs" (the e-process reached 1/α), "within noise" (the 1 − 2α
-    sequence inside ±margin), or (None, None) while neither."""
-    above = first_above(d, alpha)
+def first_within(d, margin: float, alpha: float = ALPHA) -> int | None:
+    """The number of prompts after which "within noise" is first shown: the 1 − 2α sequence
+    inside ±margin (None: not yet)."""
     low, high = excess_sequence(d, 2 * alpha)
     # An empty sequence (lower above upper) is no evidence of equality: the outcomes shifted.
     within = np.flatnonzero((low > -margin) & (high < margin) & (low <= high))
-    first_within = int(within[0]) + 1 if within.size else None
-    if above is not None and (first_within is None or above <= first_within):
+    return int(within[0]) + 1 if within.size else None
+
+
+def decided(d, margin: float, alpha: float = ALPHA, tested: int = 1) -> tuple[str | None, int | None]:
+    """The anytime-valid verdict after the prompts so far, and after how many prompts it was
+    first reached: "changes outputs" (the e-process reached tested/α: Bonferroni over the
+    study's `tested` comparisons, valid at every look as each e-process is), "within noise"
+    (the 1 − 2α sequence inside ±margin), or (None, None) while neither."""
+    return decided_against([d], margin, alpha, tested)
+
+
+def decided_against(floors: list, margin: float, alpha: float = ALPHA,
+                    tested: int = 1) -> tuple[str | None, int | None]:
+    """`decided` against each of several floors (one outcome sequence each): "changes outputs"
+    once shown above every floor, "within noise" once within ±margin of every one (an
+    intersection–union rule: each part at its own level)."""
+    if not floors:
+        return None, None
+    aboves = [first_above(d, alpha / tested) for d in floors]
+    withins = [first_within(d, margin, alpha) for d in floors]
+    above = max(aboves) if None not in aboves else None
+    within = max(withins) if None not in withins else None
+    if above is not None and (within is None or above <= within):
         return "changes outputs", above
-    if first_within is not None:
-        return "within noise", first_within
+    if within is not None:
+        return "within noise", within
     return None, None
+
+
+def anytime_p(d, alpha: float = ALPHA) -> float:
+    """The anytime-valid p-value of "changes outputs": 1 / the largest capital so far (Ville)."""
+    capital = capital_above(d, alpha)
+    return float(min(1.0, 1 / capital.max())) if capital.size else 1.0
+
+
+def prompts_to_decide(p_more: float, p_less: float, margin: float, alpha: float = ALPHA, tested: int = 1,
+                      cap: int = 4000, sims: int = 40, seed: int = 0) -> int | None:
+    """The median prompts the rule takes to decide, by simulation, when each prompt parts in
+    the comparison only with probability `p_more` and in the floor only with `p_less` (what a
+    comparison stopped at its maximum would still need; None: most runs undecided by `cap`)."""
+    rng = np.random.default_rng(seed)
+    taken = []
+    for _ in range(sims):
+        u = rng.random(cap)
+        d = np.where(u < p_more, 1, np.where(u < p_more + p_less, -1, 0))
+        length = 128  # a prefix's first decision is the whole sequence's: look at growing prefixes
+        while (first := decided(d[:length], margin, alpha, tested)[1]) is None and length < cap:
+            length *= 2
+        taken.append(first)
+    done = sorted(t for t in taken if t is not None)
+    return done[len(taken) // 2] if len(done) > len(taken) // 2 else None

@@ -329,17 +329,31 @@ def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
     return rows
 
 
-def paired_outcomes(per_prompt: dict[str, pd.DataFrame]) -> dict[str, tuple[set, set]]:
-    """Each compared pair's prompts and those that parted: what pairs a comparison with its
-    noise floor prompt by prompt (`verdict.with_verdicts`)."""
-    return {pid: (set(df["prompt_id"]), set(df.loc[~df["identical"].astype(bool), "prompt_id"]))
+def paired_outcomes(per_prompt: dict[str, pd.DataFrame]) -> dict[str, tuple[list, set]]:
+    """Each compared pair's prompts (in prompt order) and those that parted: what pairs a
+    comparison with its noise floor prompt by prompt (`verdict.with_verdicts`, `rounds`)."""
+    return {pid: (list(df["prompt_id"]), set(df.loc[~df["identical"].astype(bool), "prompt_id"]))
             for pid, df in per_prompt.items()}
+
+
+def verdict_rows(config: dict[str, Any], pairs: list[dict], per_prompt: dict[str, pd.DataFrame],
+                 planned_pairs: list) -> list[dict]:
+    """The pair rows with their verdicts: the fixed-n rule, or, in a study of rounds, the
+    rule its rounds applied (`analysis.rounds`)."""
+    from tokenflip.analysis import rounds
+    from tokenflip.analysis.verdict import with_verdicts
+    from tokenflip.study.rounds import rounds_on
+
+    outcomes = paired_outcomes(per_prompt)
+    rows = with_verdicts(pairs, outcomes, config["verdict"]["margin"])
+    if not rounds_on(config):
+        return rows
+    order = {pid: prompts for pid, (prompts, _) in outcomes.items()}
+    return rounds.with_round_verdicts(rows, order, outcomes, config, rounds.judged_pairs(planned_pairs))
 
 
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:
     """Every summary table of the run, and what was refused."""
-    from tokenflip.analysis.verdict import with_verdicts
-
     checked = Checked()
     planned_cells = expand_cells(config)
     planned_pairs = expand_pairs(config, planned_cells)
@@ -351,7 +365,7 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
     diverged = texts.diverged_frame(planned_pairs, first_div, layout, metas, checked.refuse)
     frames = {
         "cells": cells_df,
-        "pairs": pd.DataFrame(with_verdicts(pairs, paired_outcomes(per_prompt), config["verdict"]["margin"])),
+        "pairs": pd.DataFrame(verdict_rows(config, pairs, per_prompt, planned_pairs)),
         "first_divergence": first_div,
         "still_identical": pd.DataFrame(still_identical_rows(planned_pairs, per_prompt),
                                         columns=STILL_IDENTICAL_COLUMNS),

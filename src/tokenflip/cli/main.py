@@ -222,6 +222,7 @@ def cmd_diff_runs(args) -> None:
 
 def cmd_plan(args) -> None:
     from tokenflip.study.plan import expand_cells, expand_pairs, probe_targets
+    from tokenflip.study.rounds import plan_lines
 
     config = _config(args)
     if args.prompt_tokens:  # named benchmarks are checked with or without --cost
@@ -245,6 +246,7 @@ def cmd_plan(args) -> None:
     for probe, model, bench in probes:
         print(f"probe {model}/{bench}/{probe}")
     print("\n".join(power_lines(config, pairs)))  # what each comparison's prompts can show
+    print("\n".join(plan_lines(config, cells)))
     print(f"{len(cells)} cells, {len(pairs)} pairs, {len(probes)} probe jobs", file=sys.stderr)
 
 

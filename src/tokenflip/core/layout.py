@@ -3,7 +3,9 @@ and nowhere else. Rules, the summary, the report and `diff-runs` ask this module
 
 ```
 resources/models/{model}/                                       prepared model
-results/{run}/cells/{model}/{benchmark}/{cell}.parquet          one cell
+results/{run}/cells/{model}/{benchmark}/{cell}.parquet          one cell (its blocks joined)
+results/{run}/blocks/{model}/{benchmark}/{cell}/{first}-{end}.parquet   a block of its prompts
+results/{run}/rounds/{round}.json                               what a round decided (rounds)
 results/{run}/pairs/{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}.parquet
 results/{run}/probes/{model}/{benchmark}/{probe}/{table}.parquet
 results/{run}/summary/{table}.parquet
@@ -48,6 +50,14 @@ class RunLayout:
     def cell(self, cell_id: str) -> str:
         """The cell file of `cell_id` (model/benchmark/name)."""
         return self._path("results", self.run, "cells", f"{cell_id}.parquet")
+
+    def block(self, cell_id: str, first: int, end: int | None) -> str:
+        """The block of prompts [first, end) of cell `cell_id` (end None: to the benchmark's last)."""
+        return self._path("results", self.run, "blocks", cell_id, f"{first}-{'end' if end is None else end}.parquet")
+
+    def round(self, number: int | str) -> str:
+        """What round `number` (1, 2, ...) decided: the comparisons decided and the cells that go on."""
+        return self._path("results", self.run, "rounds", f"{number}.json")
 
     def pair(self, pair_id: str) -> str:
         """The pair file of `pair_id` (model/benchmark/axis/a_vs_b/context)."""
@@ -100,6 +110,14 @@ class RunLayout:
     @property
     def cell_pattern(self) -> str:
         return self.cell("{model}/{benchmark}/{cell}")
+
+    @property
+    def block_pattern(self) -> str:
+        return self._path("results", self.run, "blocks", "{model}", "{benchmark}", "{cell}", "{first}-{end}.parquet")
+
+    @property
+    def round_pattern(self) -> str:
+        return self.round("{round}")
 
     @property
     def pair_pattern(self) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING as _MISSING
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
 from tokenflip.core.axes import ALL_AXES, AXES, CORE_AXES, FURTHER_AXES
@@ -203,17 +203,26 @@ class CellJob:
     # them changed no existing cell's job.
     endpoint: dict | None = None
     load: dict | None = None
+    # A block of the cell's prompts, [first, end) of the benchmark's order (`study.rounds`;
+    # end None: to the benchmark's last); absent from a whole cell's JSON.
+    prompts: list | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["cell"] = self.cell.as_dict()
-        for key in ("endpoint", "load"):
+        for key in ("endpoint", "load", "prompts"):
             if d[key] is None:
                 del d[key]
         return d
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
+
+    def block(self, first: int, end: int | None) -> "CellJob":
+        """This cell's job for its prompts [first, end) (`study.rounds`): the benchmark read to
+        `end` (its n), so that a block's job is the same whatever the study's n."""
+        bench = {k: v for k, v in self.benchmark.items() if k != "n"}
+        return replace(self, benchmark=bench if end is None else {**bench, "n": end}, prompts=[first, end])
 
     @classmethod
     def from_json(cls, data: Any) -> "CellJob":
@@ -226,7 +235,12 @@ class CellJob:
                                   "record_top_k": (data["record_top_k"], int), "device": (data["device"], str),
                                   "threads": (data.get("threads"), (int, type(None))),
                                   "endpoint": (data.get("endpoint"), (dict, type(None))),
-                                  "load": (data.get("load"), (dict, type(None)))})
+                                  "load": (data.get("load"), (dict, type(None))),
+                                  "prompts": (data.get("prompts"), (list, type(None)))})
+        block = data.get("prompts")
+        if block is not None and not (len(block) == 2 and isinstance(block[0], int) and block[0] >= 0
+                                      and (block[1] is None or isinstance(block[1], int) and block[1] > block[0])):
+            raise JobSpecError(f"cell job: field 'prompts' is [first, end) of the benchmark's prompts, not {block!r}")
         return cls(**data)
 
 

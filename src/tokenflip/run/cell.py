@@ -16,6 +16,29 @@ from tokenflip.run import engines, runtime
 from tokenflip.run.benchmarks import build_benchmark
 
 
+class PromptBlock:
+    """Prompts [first, end) of a benchmark, which the block is in every other respect: what a
+    block's job decodes (`study.rounds`)."""
+
+    def __init__(self, bench, first: int, end: int | None) -> None:
+        self.bench, self.first, self.end = bench, first, end
+
+    def items(self):
+        from tokenflip.run.benchmarks import BenchmarkError
+
+        everything = self.bench.items()
+        if self.first >= len(everything):
+            raise BenchmarkError(f"benchmark {self.bench.name!r}: no prompts from {self.first} on (it has "
+                                 f"{len(everything)}): lower its n or rounds.max_prompts")
+        return everything[self.first:self.end]
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.bench.describe(), "block": [self.first, self.end]}
+
+    def __getattr__(self, name: str):
+        return getattr(self.bench, name)
+
+
 class CellMismatch(RuntimeError):
     """A cell's engine ran with another value of an axis than the cell's name states."""
 
@@ -30,6 +53,8 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
     cell = job.cell
     runtime.prepare_process(job.run_seed, job.threads, cell.deterministic)
     bench = build_benchmark(cell.benchmark, job.benchmark)
+    if job.prompts is not None:
+        bench = PromptBlock(bench, *job.prompts)
     engine = engines.engine(cell.engine, {"endpoints": {cell.engine: job.endpoint}} if job.endpoint else None)
     decoded = engine.decode(job, bench, model_dir, progress)
     rows = score_batches(job, bench, decoded.batches, decoded.tokenizer)

@@ -24,8 +24,9 @@ from tokenflip.run.sampling import make_selector
 def score_batches(job: CellJob, bench: Benchmark, batches: list[DecodedBatch], tokenizer) -> list[dict[str, Any]]:
     """Every prompt's row, scored, in the order the engine decoded them."""
     rows: list[dict[str, Any]] = []
+    first = job.prompts[0] if job.prompts is not None else 0  # a block's first prompt
     for index, batch in enumerate(batches):
-        rows += records(job, bench, batch.items, index, len(rows), batch.prompts, batch.result, tokenizer,
+        rows += records(job, bench, batch.items, index, first + len(rows), batch.prompts, batch.result, tokenizer,
                         batch.cpu_seconds)
     return rows
 
@@ -109,6 +110,68 @@ def write_cell(job: CellJob, bench: Benchmark, rows: list[dict], eos: list[int],
         "wall_seconds": float(sum(r["latency_s"] for r in first_rows)),
         "cpu_seconds": float(sum(r["cpu_s"] for r in first_rows)),
         "generated_tokens": int(sum(r["n_tokens"] for r in rows)),
+    }
+    storage.write_table(table, out_path, metadata)
+    return metadata
+
+
+class BlockError(ValueError):
+    """A cell's blocks cannot be joined: one was made with other settings, elsewhere, or holds
+    other prompts than its name says."""
+
+
+# What may differ between two blocks of one cell: their own prompts and what they took.
+_BLOCK_OWN = {"settings", "benchmark", "observed", "token_stream_sha256", "logits_sha256", "wall_seconds",
+              "cpu_seconds", "generated_tokens", "table_sha256", "engine_timing", "traffic", "findings"}
+
+
+def join_blocks(job: CellJob, blocks: list[tuple[str, int, int | None]], out_path) -> dict[str, Any]:
+    """The cell's file from its blocks ((path, first, end), in order): each block must be the
+    cell's job for its prompts (`CellJob.block`), hold exactly them, and have been made with
+    the same model, software and machine as the first (a block made after an upgrade is not
+    joined to older ones). Its digests are the joined table's; the blocks' are kept."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tokenflip.core.provenance import flatten_provenance
+
+    tables, metas, batches = [], [], 0
+    for path, first, end in blocks:
+        table, meta = storage.read_cell(path)
+        want = job.block(first, end).to_json()
+        if meta.get("settings") != want:
+            raise BlockError(f"{path}: made with other settings than block [{first}, {end}) of cell {job.cell.id} "
+                             f"(remove it to make it again)")
+        index = table.column("prompt_index").to_pylist()
+        if index != list(range(first, first + len(index))) or (end is not None and first + len(index) != end):
+            raise BlockError(f"{path}: holds prompts {index[:1]}..{index[-1:]}, not [{first}, {end})")
+        if metas:
+            own, theirs = (({k: v for k, v in flatten_provenance(m).items() if k.split(".")[0] not in _BLOCK_OWN})
+                           for m in (metas[0], meta))
+            differ = sorted(k for k in set(own) | set(theirs) if own.get(k) != theirs.get(k))
+            if differ:
+                raise BlockError(f"{path}: made with {differ[0]} = {theirs.get(differ[0])!r}, but the cell's first "
+                                 f"block ({blocks[0][0]}) with {own.get(differ[0])!r}: blocks of one cell come from "
+                                 f"one model, software and machine (remove the later blocks to make them again)")
+        tables.append(table.set_column(table.schema.get_field_index("batch_index"), "batch_index",
+                                       pc.add(table.column("batch_index"), batches)))
+        batches += len(set(table.column("batch_index").to_pylist()))
+        metas.append(meta)
+    table = pa.concat_tables(tables)
+    described = {k: v for k, v in metas[-1]["benchmark"].items() if k != "block"}
+    metadata = {
+        **metas[0],
+        "settings": job.to_json(),
+        "benchmark": described,
+        "observed": {**metas[0].get("observed", {}), "prompts": table.num_rows,
+                     "largest_batch": max(m.get("observed", {}).get("largest_batch", 0) for m in metas)},
+        "blocks": [{"prompts": [first, end], "file": str(path).rsplit("/", 1)[-1],
+                    "token_stream_sha256": m["token_stream_sha256"]} for (path, first, end), m in zip(blocks, metas)],
+        "token_stream_sha256": storage.token_stream_digest(table),
+        "logits_sha256": storage.logits_digest(table),
+        "wall_seconds": float(sum(m["wall_seconds"] for m in metas)),
+        "cpu_seconds": float(sum(m["cpu_seconds"] for m in metas)),
+        "generated_tokens": int(sum(m["generated_tokens"] for m in metas)),
     }
     storage.write_table(table, out_path, metadata)
     return metadata

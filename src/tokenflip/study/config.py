@@ -17,7 +17,7 @@ from tokenflip.core.literals import literal_problems
 from tokenflip.core.registry import kinds_schema
 from tokenflip.models import hub
 from tokenflip.run import engines
-from tokenflip.study import checks, limits
+from tokenflip.study import checks, limits, rounds
 
 # Shipped inside the package, so that any installation (not only a checkout) validates.
 SCHEMA_RESOURCE = ("tokenflip.study", "schemas/config.schema.yaml")
@@ -365,6 +365,7 @@ def _semantic_problems(config: dict[str, Any]):
                        f"cells differ only in {comp['axis']!r} (put both values in one grid, with the same "
                        f"other axis values)")
         yield from checks.same_setting_problems(config, cells)
+    yield from rounds.problems(config)
     yield from hub.id_problems(config)
 
 

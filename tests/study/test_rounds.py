@@ -1,0 +1,59 @@
+"""Where blocks end, checked by hand: geometric ends cut at the maximum, a first block every
+batch size divides, one block per cell in a study that declares neither blocks nor rounds;
+and the configs that cannot run in blocks or rounds refused naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_study
+from tokenflip.study import config as cfg
+from tokenflip.study.plan import expand_cells
+from tokenflip.study.rounds import block_ends, blocks_of, first_block, in_blocks, plan_lines, worst_case
+
+
+def study(n=40, batch_sizes=(1,), **top):
+    s = tiny_study()
+    s["benchmarks"] = {"a": {"kind": "arithmetic", "max_new_tokens": 4, **({"n": n} if n else {})}}
+    s["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": list(batch_sizes), "repeat": ["default", 2]}]
+    s["comparisons"], s["probes"] = [{"axis": "repeat", "a": "default", "b": 2}], {}
+    return cfg.validate({**s, **top}, check_data=False)
+
+
+def test_blocks_end_geometrically_and_are_cut_at_the_maximum():
+    assert block_ends(study(40, blocks={}), "a") == [16, 32, 40]
+    assert blocks_of(study(40, blocks={}), "a") == [(0, 16), (16, 32), (32, 40)]
+    assert block_ends(study(12, blocks={}), "a") == [12]
+    assert block_ends(study(64, blocks={"first": 4, "growth": 3}), "a") == [4, 12, 36, 64]
+    assert block_ends(study(1000, rounds={"max_prompts": 100}), "a") == [16, 32, 64, 100]
+    assert block_ends(study(40), "a") == [None] and not in_blocks(study(40))  # neither declared: the cell, one job
+
+
+def test_the_default_first_block_is_a_multiple_of_every_batch_size():
+    assert first_block(study(blocks={}, batch_sizes=(1, 4))) == 16
+    assert first_block(study(blocks={}, batch_sizes=(1, 32))) == 32
+    assert first_block(study(blocks={}, batch_sizes=(3,))) == 48
+
+
+def test_a_first_block_that_would_cut_a_batch_is_refused():
+    with pytest.raises(cfg.ConfigError, match=r"blocks.first: 12 prompts is not a multiple of batch size 8.*use 24"):
+        study(blocks={"first": 12}, batch_sizes=(1, 8))
+    with pytest.raises(cfg.ConfigError, match="blocks.growth: 1 is below the minimum 2"):
+        study(blocks={"growth": 1})
+
+
+def test_rounds_without_a_maximum_are_refused():
+    with pytest.raises(cfg.ConfigError, match="rounds: benchmark 'a' states no n and rounds.max_prompts is not set"):
+        study(n=None, rounds={})
+    assert block_ends(study(n=None, rounds={"max_prompts": 20}), "a") == [16, 20]
+
+
+def test_the_plan_states_the_worst_case():
+    config = study(40, rounds={})
+    cells = expand_cells(config)
+    assert worst_case(config, cells) == {"blocks": 6, "prompts": 80, "rounds": 3}
+    assert plan_lines(config, cells) == [
+        "blocks a: [0, 16), [16, 32), [32, 40)",
+        "rounds: at most 3, 6 blocks, 80 prompts in all (every comparison undecided to its maximum); decided "
+        "comparisons stop after the round that decides them"]
+    assert plan_lines(study(40), cells) == []

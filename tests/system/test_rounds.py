@@ -1,0 +1,84 @@
+"""A study of rounds with the real Snakemake: its checkpoints decide each round, the cells of
+an undecided comparison get the next block, a raised maximum generates only the new blocks
+(every old block file untouched), and the verdicts then equal those of the same study made
+at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_workflow import scheduled_jobs
+
+from conftest import run_snakemake, write_yaml
+
+pytestmark = pytest.mark.slow
+
+CELLS = ("fp32-on-bs1-greedy-none", "bf16-on-bs1-greedy-none", "fp32-on-bs1-greedy-none-repeat=2")
+VERDICT_COLUMNS = ["pair_id", "n_prompts", "n_diverged", "verdict", "round_decided", "prompts_decided",
+                   "p_above", "verdict_words"]
+
+
+def study(max_prompts: int) -> dict:
+    """fp32 vs bf16 of a tiny random llama against the fp32 cell run again, in rounds of 8, 16,
+    32 prompts: bf16 parts on about a third of the prompts, which 16 prompts do not show."""
+    return {
+        "run": "rounds", "seed": 0,
+        "models": {"tiny": {"source": "random", "architecture": "llama", "seed": 0}},
+        "benchmarks": {"onestep": {"kind": "onestep", "n": 32, "max_new_tokens": 8}},
+        "generation": {"record_top_k": 4, "device": "cpu", "threads": 1},
+        "blocks": {"first": 8},
+        "rounds": {"max_prompts": max_prompts},
+        "grids": [{"precision": ["fp32", "bf16"], "cache": ["on"], "batch_size": [1]},
+                  {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "repeat": [2]}],
+        "comparisons": [{"axis": "precision", "a": "fp32", "b": "bf16"}, {"axis": "repeat", "a": "default", "b": 2}],
+    }
+
+
+def run(workdir: Path, max_prompts: int):
+    """The study up to its summary (the report adds nothing to what is checked here)."""
+    proc = run_snakemake(workdir, write_yaml(workdir / "config.yaml", study(max_prompts)),
+                         "results/rounds/summary/pairs.parquet")
+    return proc, {out for rule, out in scheduled_jobs(proc.stdout + proc.stderr) if rule == "generate"}
+
+
+def blocks(ends) -> set[str]:
+    return {f"results/rounds/blocks/tiny/onestep/{cell}/{first}-{end}.parquet"
+            for cell in CELLS for first, end in zip([0, *ends], ends)}
+
+
+def verdicts(workdir: Path) -> pd.DataFrame:
+    pairs = pd.read_parquet(workdir / "results/rounds/summary/pairs.parquet")
+    return pairs[VERDICT_COLUMNS].sort_values("pair_id").reset_index(drop=True)
+
+
+def test_a_raised_maximum_generates_only_new_blocks_and_decides_as_a_run_made_at_once(tmp_path):
+    stepwise, at_once = tmp_path / "stepwise", tmp_path / "at-once"
+    _, made = run(stepwise, 16)
+    assert made == blocks([8, 16])  # round 1 decided nothing: every cell went on to round 2
+    first = verdicts(stepwise).set_index("pair_id")
+    precision = first.loc["tiny/onestep/precision/fp32_vs_bf16/x-on-bs1-greedy-none"]
+    assert precision["verdict"] == "undecided" and precision["n_prompts"] == 16
+    assert precision["verdict_words"].startswith("undecided at its maximum of 16 prompts")
+    old = {path: (stepwise / path).stat().st_mtime_ns for path in blocks([8, 16])}
+
+    proc, made = run(stepwise, 32)
+    assert made == blocks([8, 16, 32]) - blocks([8, 16]), made  # only the new block of each cell
+    assert {path: (stepwise / path).stat().st_mtime_ns for path in old} == old
+    assert "rounds: at most 3 rounds, 9 blocks, 96 prompts" in proc.stderr
+
+    shutil.copytree(stepwise / "resources", at_once / "resources")  # the same prepared model, not made twice
+    _, made = run(at_once, 32)
+    assert made == blocks([8, 16, 32])
+    pd.testing.assert_frame_equal(verdicts(stepwise), verdicts(at_once))
+    decided = verdicts(at_once).set_index("pair_id").loc[precision.name]
+    assert decided["verdict"] == "changes outputs" and decided["round_decided"] == 3
+    for number in (1, 2):  # the last round needs no checkpoint: no block comes after it
+        a, b = (json.loads((w / f"results/rounds/rounds/{number}.json").read_text()) for w in (stepwise, at_once))
+        assert a == b and a["open"] == [precision.name] and a["decided"] == {}, number
+    assert not (at_once / "results/rounds/rounds/3.json").exists()
+    cell = at_once / "results/rounds/cells/tiny/onestep/bf16-on-bs1-greedy-none.parquet"
+    assert len(pd.read_parquet(cell)) == 32
