@@ -62,6 +62,7 @@ from tokenflip.report.tables import (
 from tokenflip.report.verdicts import (
     comparison_counts,
     noise_floor_rows,
+    round_rows,
     still_identical_figure,
     verdict_counts,
     why_parted,
@@ -126,6 +127,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         comparisons=comparison_counts(pairs_df),
         verdict_counts=verdict_counts(done_pairs),
         noise_floor_rows=noise_floor_rows(_read_optional(summary_dir / "repeats.parquet"), pairs_df),
+        round_rows=round_rows(pairs_df), rounds=config.get("rounds"),
         fig_still_identical=still_identical_figure(_read_optional(summary_dir / "still_identical.parquet")),
         cells=cells_df.sort_values("cell_id").to_dict("records") if not cells_df.empty else [],
         endpoint_rows=endpoint_rows(cells_df),

@@ -58,6 +58,28 @@ def comparison_counts(pairs: pd.DataFrame) -> dict[str, int]:
             "second_runs": len(pairs) - len(first), "tested": int(tested.max()) if len(tested) else 0}
 
 
+def round_rows(pairs: pd.DataFrame) -> list[dict[str, Any]]:
+    """In a study of rounds, each judged comparison (first runs): the round it was decided
+    in and the prompts that took, or, stopped at its maximum, the prompts it had and about
+    how many it would need (`analysis.rounds`)."""
+    if pairs.empty or "round_decided" not in pairs:
+        return []
+    judged = first_runs(pairs)
+    judged = judged[(judged["status"] == "done") & judged["comparisons_tested"].notna()]
+    rows = []
+    for r in judged.to_dict("records"):
+        decided = r["round_decided"] is not None and not pd.isna(r["round_decided"])
+        needed = r.get("prompts_needed")
+        rows.append({"pair_id": r["pair_id"], "model": r["model"], "benchmark": r["benchmark"],
+                     "comparison": f"{r['axis']}: {r['a']} vs {r['b']}", "context": r["context"],
+                     "verdict": r["verdict"], "round": int(r["round_decided"]) if decided else None,
+                     "prompts": int(r["prompts_decided"]) if decided else int(r["n_prompts"]),
+                     "stopped_at_maximum": not decided,
+                     "prompts_needed": int(needed) if needed is not None and not pd.isna(needed) else None,
+                     "words": r["verdict_words"]})
+    return rows
+
+
 def noise_floor_rows(repeats: pd.DataFrame, pairs: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per setting run more than once: its runs, the prompts whose runs did not all
     give one completion, the most distinct completions of a prompt, and the floor (the
