@@ -121,6 +121,24 @@ def test_an_id_the_hub_cannot_have_is_refused_naming_the_key_and_the_value(model
         assert "(10,000 characters)" in message
 
 
+@pytest.mark.parametrize("revision, rule", [("../../etc/passwd", "'..'"), ("main\n", "'\\n'"), ("a b", "' '"),
+                                            ("-x", "a leading '/', '-' or '.'"), ("v1.lock", "'.lock'")])
+def test_a_revision_git_cannot_have_is_refused_before_it_is_blamed_on_the_network(revision, rule):
+    from tokenflip.study import config as cfg
+
+    study = tiny_study()
+    study["models"] = {"hubmodel": {"source": "hf", "id": "org/model", "revision": revision}}
+    study.pop("probes")
+    with pytest.raises(cfg.ConfigError) as refused:
+        cfg.validate(study, source="study.yaml", check_data=False)
+    message = str(refused.value)
+    assert f"study.yaml: models.hubmodel.revision: {revision!r} is not a branch, tag or commit name" in message
+    assert rule in message and "network" not in message
+    for good in ("main", "v1.0", "refs/pr/3", "release/2024-01", "0123456789abcdef0123456789abcdef01234567"):
+        study["models"]["hubmodel"]["revision"] = good
+        assert cfg.validate(study, check_data=False)["models"]["hubmodel"]["revision"] == good
+
+
 @pytest.mark.parametrize("model_id", ["meta-llama/Llama-2-7b-hf", "gpt2", "Qwen/Qwen2.5-0.5B-Instruct", "local-dir"])
 def test_hub_ids_and_local_directories_are_accepted(tmp_path, model_id):
     from tokenflip.study import config as cfg

@@ -372,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenflip.models.prepare import ModelError
     from tokenflip.run.benchmarks import BenchmarkError
     from tokenflip.run.engines.endpoint.client import EndpointError
+    from tokenflip.run.engines.vllm_offline.support import VllmError
     from tokenflip.run.engines.worker import WorkerError
     from tokenflip.run.runtime import PromptFormatError
     from tokenflip.study.config import ConfigError
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         check_paths(args)
         args.func(args)
     except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
-            ResultError, PromptFormatError, InputError, CostInputError, EndpointError, WorkerError) as exc:
+            ResultError, PromptFormatError, InputError, CostInputError, EndpointError, WorkerError, VllmError) as exc:
         print(f"tokenflip {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback

@@ -62,6 +62,25 @@ def id_problems(config: dict[str, Any]):
     for name, spec in config["models"].items():
         if spec.get("source") == "hf" and (why := id_problem(spec["id"])):
             yield f"models.{name}.id: {why}"
+        if spec.get("source") == "hf" and spec.get("revision") is not None \
+                and (why := revision_problem(str(spec["revision"]))):
+            yield f"models.{name}.revision: {why}"
+
+
+def revision_problem(revision: str) -> str | None:
+    """Why `revision` can name no branch, tag or commit (git's ref-name rules): a path that
+    climbs out ("../"), a control character or space, or a character git refuses."""
+    bad = sorted({c for c in revision if ord(c) < 32 or ord(c) == 127 or c in " ~^:?*[\\"})
+    reasons = [", ".join(repr(c) for c in bad)] if bad else []
+    reasons += [why for why, found in (("'..'", ".." in revision), ("'@{'", "@{" in revision),
+                                       ("'//'", "//" in revision),
+                                       ("a leading '/', '-' or '.'", revision.startswith(("/", "-", "."))),
+                                       ("a trailing '/', '.' or '.lock'", revision.endswith(("/", ".", ".lock"))),
+                                       ("over 255 characters", len(revision) > 255)) if found]
+    if reasons:
+        return (f"{revision[:60]!r} is not a branch, tag or commit name ({'; '.join(reasons)}: git refuses it); use "
+                f"the repository's branch or tag, or a 40-character commit hash")
+    return None
 
 
 PREPARE_ON_A_LOGIN_NODE = ("on a machine with network (a login node), run `snakemake --until prepare_model "

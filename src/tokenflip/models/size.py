@@ -79,6 +79,15 @@ class ModelSize:
                 "head_parameters": self.head, "from": self.source}
 
 
+def text_fields(fields: Any) -> dict[str, Any]:
+    """The fields of a configuration's text model: its `text_config` where that is a mapping
+    (a multimodal model), else its own; {} where the configuration is no mapping at all."""
+    if not isinstance(fields, dict):
+        return {}
+    inner = fields.get("text_config")
+    return inner if isinstance(inner, dict) else fields
+
+
 def head_size(fields: dict[str, Any]) -> int:
     """The attention head's size of a configuration's fields: `head_dim` where the architecture
     sets its own (gemma-2-2b: 256, not 2304 / 8), else hidden_size / num_attention_heads.

