@@ -40,8 +40,19 @@ def _summary(tmp_path, rows):
     """The pairs summary of `rows`, each pair parting on its first n_diverged prompts."""
     outcomes = {r["pair_id"]: ({f"p{i}" for i in range(r["n_prompts"])},
                                {f"p{i}" for i in range(r["n_diverged"])}) for r in rows}
+    _write(tmp_path, with_verdicts(rows, outcomes))
+
+
+def _write(tmp_path, rows, gate=None):
+    """A pairs summary as `summarize` writes it: its provenance and its digest."""
+    import pyarrow as pa
+
+    from tokenflip.core import storage
+
     (tmp_path / "summary").mkdir(exist_ok=True)
-    pd.DataFrame(with_verdicts(rows, outcomes)).to_parquet(tmp_path / "summary" / "pairs.parquet")
+    storage.write_table(pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False),
+                        tmp_path / "summary" / "pairs.parquet", {"kind": "summary", "table": "pairs", "run": "r",
+                                                                  "gate": gate})
 
 
 def _gate(tmp_path, *args):
@@ -185,3 +196,54 @@ def test_the_gate_a_study_declares_travels_with_its_summary(tmp_path):
     assert proc.returncode == 1 and "3 comparison(s) at --max-divergence 5.0%: 1 passed, 2 failed" in proc.stderr
     proc = _gate(tmp_path, "--max-divergence", "0.5", "--comparison", "order")
     assert proc.returncode == 0 and "1 comparison(s)" in proc.stderr
+
+
+def test_what_the_gate_cannot_judge_has_its_own_code_never_a_pass(tmp_path):
+    import pyarrow.parquet as pq
+
+    rows = [_floor(0), _row("quiet", 0, cell_a="base")]
+    outcomes = {r["pair_id"]: ({f"p{i}" for i in range(N)}, set()) for r in rows}
+    judged = with_verdicts(rows, outcomes)
+    assert _run(tmp_path, rows, "--max-divergence", "0.05").returncode == 0
+    # an edited row (a count changed after summarising): the digest refuses it
+    path = tmp_path / "summary" / "pairs.parquet"
+    table = pq.read_table(path)
+    edited = table.set_column(table.schema.get_field_index("n_diverged"), "n_diverged",
+                              pa_array([3] * table.num_rows))  # 0 before
+    pq.write_table(edited.replace_schema_metadata(table.schema.metadata), path)
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "table_sha256" in proc.stderr and str(path) in proc.stderr
+    # counts that are no counts, and a declared bound that is not a share
+    for bad in ({"n_prompts": float("nan")}, {"n_diverged": N + 1}, {"n_prompts": -1}):
+        _write(tmp_path, [judged[0], {**judged[1], **bad}])
+        proc = _gate(tmp_path, "--max-divergence", "0.05")
+        assert proc.returncode == 4 and "comparison 'concurrency: quiet'" in proc.stderr, (bad, proc.stderr)
+    _write(tmp_path, judged, gate={"max_divergence": float("nan")})
+    proc = _gate(tmp_path)
+    assert proc.returncode == 4 and "gate.max_divergence nan, not a share" in proc.stderr
+    _write(tmp_path, [{k: v for k, v in judged[1].items() if k != "status"}])
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "row 0 has no pair id, label or status" in proc.stderr
+
+
+def pa_array(values):
+    import pyarrow as pa
+
+    return pa.array(values, type=pa.int64())
+
+
+def test_a_refused_summary_leaves_no_summary_behind_to_gate(finished_tiny_study, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import copy_run
+
+    run = copy_run(finished_tiny_study.workdir, tmp_path / "run")
+    assert (run / "results" / "inc" / "summary" / "pairs.parquet").is_file()
+    cell = next((run / "results" / "inc" / "cells").rglob("*.parquet"))
+    cell.write_bytes(cell.read_bytes()[:-200])  # a truncated cell: refused by the summary
+    summarize = subprocess.run([sys.executable, "-m", "tokenflip", "summarize", "--config",
+                                str(finished_tiny_study.config)], cwd=run, capture_output=True, text=True)
+    assert summarize.returncode == 1 and "the run's summary before is removed" in summarize.stderr
+    proc = _gate(run / "results" / "inc", "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "no summary of pairs" in proc.stderr

@@ -385,9 +385,11 @@ def write_summaries(config: dict[str, Any], layout: RunLayout, out_dir: str | Pa
     `strict`, any refused result is an error listing each file and why; otherwise (the
     partial report after a failed run) refused results are listed as such."""
     frames, checked = collect(config, layout)
-    if strict and checked.refused:
-        raise ResultError(f"{len(checked.refused)} result file(s) are not what the config asks for:\n  "
-                          + "\n  ".join(checked.refused.values()))
+    if strict and checked.refused:  # the summary before is of other results: removed, never read as this one's
+        for name in frames:
+            (Path(out_dir or layout.summary_dir) / f"{name}.parquet").unlink(missing_ok=True)
+        raise ResultError(f"{len(checked.refused)} result file(s) are not what the config asks for (the run's "
+                          f"summary before is removed):\n  " + "\n  ".join(checked.refused.values()))
     out_dir = Path(out_dir or layout.summary_dir)
     for name, df in frames.items():
         storage.write_table(pa.Table.from_pandas(df, preserve_index=False), out_dir / f"{name}.parquet",

@@ -146,17 +146,23 @@ def cmd_gate(args) -> None:
 
     from tokenflip.analysis.summary import ResultError
 
+    from tokenflip.core.storage import read_table
+
     path = summary_of(args.run, "pairs")
     if not path.is_file():
         _unreadable(f"{path}: no summary of pairs (run the study to its summary first: `make run`)")
-    try:
-        pairs = pd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: its own message and code
+    try:  # its digest checked, as every reader of a result checks it: an edited row is never gated
+        table, meta = read_table(path, kind="summary")
+        pairs = table.to_pandas()
+    except Exception as exc:  # noqa: BLE001 - a truncated, edited or foreign file: its own message and code
         _unreadable(f"{path}: not a readable summary of pairs ({type(exc).__name__}: {exc})")
     if "floors_paired" not in pairs.columns:
         _unreadable(f"{path}: summarised before verdicts were paired prompt by prompt; summarise it again")
     declared = declared_gate(path)
     bound = args.max_divergence if args.max_divergence is not None else declared.get("max_divergence")
+    if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
+                                  and 0 <= bound <= 1):  # NaN fails both comparisons
+        _unreadable(f"{path}: the study declares gate.max_divergence {bound!r}, not a share from 0 to 1")
     if bound is None:
         raise ResultError(f"{path}: no bound to gate on: give --max-divergence, or declare one in the study's config "
                           f"(gate: {{max_divergence: 0.05}}) and summarise it again")
@@ -171,7 +177,12 @@ def cmd_gate(args) -> None:
     if pairs.empty:
         _unreadable(f"{path}: no comparison to gate (the summary holds only noise floors, or none)")
     rows = pairs.to_dict("records")
-    results = outcomes(rows, bound)
+    if (why := unreadable_row(rows)) is not None:
+        _unreadable(f"{path}: {why}")
+    try:
+        results = outcomes(rows, bound)
+    except (KeyError, TypeError, ValueError) as exc:  # a column of another meaning: said, never gated
+        _unreadable(f"{path}: not a summary of pairs this gate can read ({type(exc).__name__}: {exc})")
     suite = TestSuite(f"tokenflip gate {Path(args.run).name}")
     for row, outcome in zip(rows, results):
         case = TestCase(row["pair_id"], classname=row["label"])
@@ -196,6 +207,24 @@ def cmd_gate(args) -> None:
     result = "fail" if counts["fail"] else "inconclusive" if counts["inconclusive"] else "pass"
     if EXIT[result]:
         raise SystemExit(EXIT[result])
+
+
+def unreadable_row(rows: list[dict]) -> str | None:
+    """Why a pairs table cannot be gated (None if it can): a row without its identity or
+    status, or a finished row whose counts are not whole numbers with parted ≤ compared."""
+    import math
+
+    for i, row in enumerate(rows):
+        if not all(isinstance(row.get(key), str) for key in ("pair_id", "label", "status")):
+            return f"row {i} has no pair id, label or status"
+        if row["status"] != "done":
+            continue
+        counts = [row.get("n_prompts"), row.get("n_diverged")]
+        if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
+                   and c == int(c) for c in counts) or counts[1] > counts[0]:
+            return (f"comparison {row['label']!r} ({row['pair_id']}): its counts {counts} are not prompts compared "
+                    f"and parted; summarise the run again")
+    return None
 
 
 def _verdict(row: dict) -> str:
