@@ -141,11 +141,9 @@ def declared_gate(path: Path) -> dict:
 
 
 def cmd_gate(args) -> None:
-    import pandas as pd
     from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 
     from tokenflip.analysis.summary import ResultError
-
     from tokenflip.core.storage import read_table
 
     path = summary_of(args.run, "pairs")
