@@ -5,12 +5,18 @@ are forwarded, except to the paths in `missing`, which answer 404 as a server wi
 
 Faults: ("status", 503) answers that status with an error body; ("status", 429, seconds) adds
 Retry-After; "malformed" answers 200 with a body that is not JSON; "drop" closes the
-connection without an answer; ("delay", seconds) waits, then forwards.
+connection without an answer; ("delay", seconds) waits, then forwards; ("rewrite", f)
+forwards and answers f(the server's JSON answer) instead (a server that answers what no
+server should); ("trickle", seconds) answers one byte every `seconds`; ("huge", n) answers n
+bytes (a body that never ends, as far as a client can tell); ("gzip", n) answers n zero bytes
+gzip-compressed (a few KiB on the wire); ("redirect", url) answers 307 to `url`.
 """
 
 from __future__ import annotations
 
+import gzip
 import http.client
+import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,6 +70,42 @@ class FaultProxy:
                     self.send_header("content-length", str(len(payload)))
                     self.end_headers()
                     self.wfile.write(payload)
+                elif kind == "rewrite":
+                    payload = json.dumps(fault[1](json.loads(self._upstream(body)[1]))).encode()
+                    self._answer(200, payload)
+                elif kind == "trickle":
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", "100000")
+                    self.end_headers()
+                    for _ in range(100000):
+                        try:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(fault[1])
+                elif kind in ("huge", "gzip"):
+                    payload = gzip.compress(b"0" * fault[1]) if kind == "gzip" else None
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    if payload is not None:
+                        self.send_header("content-encoding", "gzip")
+                    self.send_header("content-length", str(len(payload) if payload is not None else fault[1]))
+                    self.end_headers()
+                    try:
+                        if payload is not None:
+                            self.wfile.write(payload)
+                        else:
+                            for _ in range(fault[1] // 65536):
+                                self.wfile.write(b"0" * 65536)
+                    except OSError:
+                        return
+                elif kind == "redirect":
+                    self.send_response(307)
+                    self.send_header("location", fault[1])
+                    self.send_header("content-length", "0")
+                    self.end_headers()
                 elif kind == "drop":
                     self.close_connection = True
                     self.connection.close()
@@ -72,12 +114,26 @@ class FaultProxy:
                         time.sleep(fault[1])
                     self._forward(body)
 
-            def _forward(self, body):
+            def _upstream(self, body):
+                """The real server's answer: (the answer, its body)."""
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=600)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "connection", "accept-encoding")}
                 conn.request(self.command, self.path, body=body, headers=headers)
                 answer = conn.getresponse()
                 payload = answer.read()
+                conn.close()
+                return answer, payload
+
+            def _answer(self, status, payload):
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _forward(self, body):
+                answer, payload = self._upstream(body)
                 self.send_response(answer.status)
                 for key, value in answer.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -85,7 +141,6 @@ class FaultProxy:
                 self.send_header("content-length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
-                conn.close()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

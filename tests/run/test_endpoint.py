@@ -164,6 +164,82 @@ def test_a_fault_that_persists_fails_the_cell_naming_the_request(servers, proxy,
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def _choice(answer):
+    return answer["choices"][0]
+
+
+def _set(path, value):
+    """A rewrite that sets one field of the first choice (`path`: keys under it)."""
+    def rewrite(answer):
+        target = _choice(answer)
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value(target.get(path[-1])) if callable(value) else value
+        return answer
+    return rewrite
+
+
+HOSTILE_ANSWERS = {
+    "an id beyond the vocabulary": (_set(["token_ids"], [65535]), "token id 65535 at step 0, not an integer of "
+                                                                  "the vocabulary (0 to 49151)"),
+    "an id of 10^12": (_set(["token_ids"], [10 ** 12]), "token id 1000000000000 at step 0"),
+    "a negative id": (_set(["token_ids"], [-5]), "token id -5 at step 0"),
+    "an id as a string": (_set(["token_ids"], ["5"]), "token id '5' at step 0"),
+    "an id as a float": (_set(["token_ids"], [1.5]), "token id 1.5 at step 0"),
+    "an id as true": (_set(["token_ids"], [True]), "token id True at step 0"),
+    "more tokens than asked": (_set(["token_ids"], [5] * 9), "9 tokens to a request for at most 8"),
+    "choice index 1": (_set(["index"], 1), "choice index 1 to a request for choice 0"),
+    "two choices": (lambda a: {**a, "choices": [_choice(a), _choice(a)]}, "2 choices to a request for one"),
+    "another model": (lambda a: {**a, "model": "other-model"}, "as model 'other-model', not the 'smollm2' asked for"),
+    "a lone surrogate": (_set(["text"], "\ud800"), "a lone surrogate"),
+    "a text too long": (_set(["text"], "a" * 9000), "a string of 9,000 characters (at most 8,192)"),
+    "a logprob as text": (_set(["logprobs", "token_logprobs"], lambda v: ["x", *v[1:]]), "step 0's logprob 'x'"),
+    "too many alternatives": (_set(["logprobs", "top_logprobs"],
+                                   lambda v: [{f"t{i}": -1.0 for i in range(K + 2)}, *v[1:]]),
+                              f"{K + 2} alternatives at step 0 to a request for {K}"),
+    "malformed logprobs": (_set(["logprobs"], "x"), "logprobs that are not an object"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_ANSWERS))
+def test_an_answer_no_server_should_give_fails_the_cell_naming_the_request(servers, proxy, tmp_path, case):
+    rewrite, message = HOSTILE_ANSWERS[case]
+    config = _config(servers, faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp", "retries": 0})
+    proxy.script = [("rewrite", rewrite)]
+    cell = Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine="faulty")
+    out = tmp_path / "cell.parquet"
+    with pytest.raises(EndpointError) as err:
+        run_cell(cell_job(config, cell), servers["model_dir"], out, progress=False)
+    said = str(err.value)
+    assert message in said and "endpoint 'faulty', prompt " in said and f"{proxy.url} answered " in said, said
+    assert said.endswith("nothing of this cell is recorded") and "\n" not in said
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fault, message", [
+    (("trickle", 0.5), "no answer within timeout_s 2 (the whole answer, not each read)"),
+    (("huge", 200 << 20), "answered too much: the answer grew past 1,572,864 bytes"),
+    (("gzip", 200 << 20), "answered too much: the answer grew past 1,572,864 bytes"),
+    (("redirect", "http://127.0.0.1:9/v1/completions"), "answered 307, a redirect to 'http://127.0.0.1:9/v1/"),
+])
+def test_a_request_is_bounded_in_time_and_bytes_and_never_redirected(servers, proxy, tmp_path, fault, message):
+    import resource
+    import time
+
+    config = _config(servers, faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp", "retries": 0,
+                                      "timeout_s": 2})
+    proxy.script = [fault]
+    cell = Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine="faulty")
+    out = tmp_path / "cell.parquet"
+    rss, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    with pytest.raises(EndpointError) as err:
+        run_cell(cell_job(config, cell), servers["model_dir"], out, progress=False)
+    assert time.perf_counter() - start < 60
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 300 * 1024  # KiB: 200 MB never held
+    assert message in str(err.value) and proxy.url in str(err.value) and "prompt " in str(err.value), str(err.value)
+    assert not out.exists()
+
+
 def test_a_server_that_is_down_or_serves_another_model_is_refused_before_any_job(servers, tmp_path):
     from tokenflip.run.engines.endpoint.server import problem
 

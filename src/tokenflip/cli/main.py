@@ -21,6 +21,7 @@ from tokenflip.analysis.power import power_lines
 from tokenflip.cli.args import check_paths, config_args, json_arg, length_arg, model_spec, number, path_arg, run_args
 from tokenflip.cli.audit import add_commands as add_endpoint_commands
 from tokenflip.cli.gate import add_command as add_gate_command
+from tokenflip.cli.run_cell import cmd_run_cell
 from tokenflip.core.inputs import InputError, shown
 
 
@@ -41,29 +42,6 @@ def cmd_prepare_model(args) -> None:
             cause = check_model(Path(args.out).name, args.spec)
         raise ModelError(cause or f"{args.spec['id']}: {type(exc).__name__}: {exc}") from exc
     print(json.dumps({k: manifest[k] for k in ("architecture", "num_parameters", "weights_sha256")}))
-
-
-def cmd_run_cell(args) -> None:
-    """One cell of a config, outside Snakemake: prepares the model if needed."""
-    from tokenflip.core.layout import RunLayout
-    from tokenflip.models.prepare import prepare
-    from tokenflip.run.cell import run_cell
-    from tokenflip.study import config as cfg
-    from tokenflip.study.plan import cell_job, expand_cells
-
-    config = cfg.load(args.config)
-    cells = {cell.id: cell for cell in expand_cells(config)}
-    if args.cell not in cells:
-        raise cfg.ConfigError(f"{args.config}: no cell {shown(args.cell)}; `tokenflip plan --config "
-                              f"{args.config}` lists them")
-    cell = cells[args.cell]
-    layout = RunLayout(config["run"])
-    model_dir = Path(args.models_dir) / cell.model if args.models_dir else Path(layout.model_dir(cell.model))
-    if not (model_dir / "model.json").exists():
-        prepare(config["models"][cell.model], model_dir)
-    out = args.out or layout.cell(cell.id)
-    meta = run_cell(cell_job(config, cell), model_dir, out, progress=not args.quiet)
-    print(f"{out}: token-stream sha256 {meta['token_stream_sha256']}")
 
 
 def cmd_generate(args) -> None:

@@ -35,6 +35,18 @@ class MalformedResponse(ValueError):
     """A 2xx body that is not the JSON object the API promises."""
 
 
+class AnswerTooLarge(MalformedResponse):
+    """An answer larger than any answer to the request can be (not retried)."""
+
+
+class Redirected(MalformedResponse):
+    """A 3xx answer: never followed (not retried)."""
+
+
+# The most an answer may take: 1 MiB, and 64 KiB a token asked (its text, ids and top-k).
+BYTES_BASE, BYTES_PER_TOKEN = 1 << 20, 1 << 16
+
+
 @dataclass
 class Answer:
     body: dict[str, Any]
@@ -97,7 +109,8 @@ def client(spec: dict[str, Any], connections: int):
     return openai.AsyncOpenAI(
         base_url=spec["url"], api_key=api_key(spec), timeout=float(spec["timeout_s"]), max_retries=0,
         http_client=openai.DefaultAsyncHttpxClient(
-            limits=Limits(max_connections=connections + 8, max_keepalive_connections=connections + 8)))
+            limits=Limits(max_connections=connections + 8, max_keepalive_connections=connections + 8),
+            follow_redirects=False))  # a redirect is an error (`Redirected`), never followed with the key
 
 
 async def _once(api, spec: dict[str, Any], body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -107,15 +120,37 @@ async def _once(api, spec: dict[str, Any], body: dict[str, Any]) -> tuple[dict[s
     args = {key: value for key, value in body.items() if key in known}
     extra = {key: value for key, value in body.items() if key not in known}
     endpoint = api.chat.completions if spec["api"] == "chat" else api.completions
-    raw = await endpoint.with_raw_response.create(**args, extra_body=extra or None)
-    text = raw.http_response.content
+    largest = largest_answer(body)
+    async with endpoint.with_streaming_response.create(**args, extra_body=extra or None) as raw:
+        if 300 <= raw.http_response.status_code < 400:  # never followed: the key would go to wherever it points
+            raise Redirected(redirected(raw.http_response.status_code, raw.http_response.headers))
+        chunks, size = [], 0
+        async for chunk in raw.http_response.aiter_bytes():  # decompressed: a gzip bomb is counted as it grows
+            size += len(chunk)
+            if size > largest:
+                raise AnswerTooLarge(f"answered too much: the answer grew past {largest:,} bytes (at most "
+                                     f"{BYTES_PER_TOKEN:,} a token asked, and {BYTES_BASE:,}), and was cut off")
+            chunks.append(chunk)
+        headers = dict(raw.http_response.headers)
+    text = b"".join(chunks)
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MalformedResponse(f"the body is not JSON ({exc}): {text[:200]!r}") from None
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         raise MalformedResponse(f"the body has no choices: {text[:200]!r}")
-    return data, dict(raw.http_response.headers)
+    return data, headers
+
+
+def redirected(status: int, headers) -> str:
+    """A redirect in words: never followed, so that no request (or its key) goes elsewhere."""
+    return (f"answered {status}, a redirect to {headers.get('location', '(no location)')[:200]!r}: not followed, so "
+            f"that no request (or its key) goes to another host; set the endpoint's url to where the server is")
+
+
+def largest_answer(body: dict[str, Any]) -> int:
+    """The most bytes an answer to `body` may take: room for every token asked with its top-k."""
+    return BYTES_BASE + BYTES_PER_TOKEN * int(body.get("max_tokens") or 1)
 
 
 def _retry_after(exc: Exception) -> float | None:
@@ -135,10 +170,17 @@ async def request(api, spec: dict[str, Any], body: dict[str, Any], what: str) ->
     start = time.perf_counter()
     attempts = 1 + int(spec["retries"])
     for attempt in range(attempts):
-        try:
-            data, headers = await _once(api, spec, body)
+        try:  # timeout_s bounds the whole answer, not only each read (one byte every few seconds never ends)
+            data, headers = await asyncio.wait_for(_once(api, spec, body), float(spec["timeout_s"]))
             return Answer(data, headers, attempt + 1, time.perf_counter() - start)
+        except (AnswerTooLarge, Redirected) as exc:
+            raise EndpointError(f"{what}: {spec['url']} {exc}; nothing of this cell is recorded") from None
+        except TimeoutError:
+            fault, wait = f"no answer within timeout_s {spec['timeout_s']} (the whole answer, not each read)", None
         except openai.APIStatusError as exc:
+            if 300 <= exc.status_code < 400:
+                raise EndpointError(f"{what}: {spec['url']} {redirected(exc.status_code, exc.response.headers)}; "
+                                    f"nothing of this cell is recorded") from None
             if exc.status_code not in RETRY_STATUSES:
                 raise EndpointError(f"{what}: {spec['url']} answered {exc.status_code}: {_message(exc)}") from None
             fault, wait = f"status {exc.status_code}: {_message(exc)}", _retry_after(exc)

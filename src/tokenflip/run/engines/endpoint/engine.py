@@ -164,6 +164,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     from tokenflip.run.engines.base import DecodedBatch
     from tokenflip.run.engines.endpoint import client, responses, server
     from tokenflip.run.engines.endpoint import tokenizer as tokenizer_check
+    from tokenflip.run.engines.endpoint.answers import problem as answer_problem
     from tokenflip.run.sampling import prompt_seed
 
     spec, cell = engine.spec, job.cell
@@ -216,6 +217,10 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     start = time.perf_counter()
     answers, traffic = asyncio.run(client.run(spec, bodies, concurrency, job.load, background))
     wall = time.perf_counter() - start
+    vocabulary_size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    for (what, body), answer in zip(bodies, answers):  # nothing of an answer is read before it is checked
+        if (wrong := answer_problem(answer.body, body, spec["api"], job.record_top_k, vocabulary_size)):
+            raise client.EndpointError(f"{what}: {spec['url']} answered {wrong}; nothing of this cell is recorded")
     by_index = dict(zip(order, answers))
     answers = [by_index[i] for i in range(len(items))]  # in the benchmark's order from here
     vocabulary = responses.Vocabulary(tokenizer)

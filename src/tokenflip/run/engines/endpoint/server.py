@@ -7,6 +7,7 @@ score, ids that do not spell the server's text, prompts the server counted other
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any, Callable
 
@@ -19,24 +20,57 @@ IDENTITY_HEADERS = ("server", "x-powered-by", "openai-version", "x-request-model
 
 def served_models(spec: dict[str, Any], timeout: float = 10.0) -> tuple[list[dict[str, Any]] | None, str]:
     """The server's model list (None if it does not answer one), and what answered."""
-    import httpx2
-
     from tokenflip.run.engines.endpoint.client import api_key
 
     url = spec["url"].rstrip("/") + "/models"
     headers = {"Authorization": f"Bearer {api_key(spec)}"} if spec.get("api_key_env") else {}
     try:
-        response = httpx2.get(url, headers=headers, timeout=timeout)
-    except Exception as exc:  # any transport failure: nothing answered
+        status, text = bounded_get(url, headers, timeout)
+    except Exception as exc:  # any transport failure, or more than a model list can be: nothing answered
         return None, f"nothing answers at {url} ({type(exc).__name__}: {exc})"
-    if response.status_code != 200:
-        return None, f"{url} answered {response.status_code}: {response.text[:200]!r}"
+    if status != 200:
+        return None, f"{url} answered {status}: {text[:200]!r}"
     try:
-        data = response.json()["data"]
-        assert isinstance(data, list) and all(isinstance(m, dict) and "id" in m for m in data)
+        data = json.loads(text)["data"]
+        assert isinstance(data, list) and all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data)
     except Exception:
-        return None, f"{url} answered 200 with no model list: {response.text[:200]!r}"
-    return data, f"{url} lists {[m['id'] for m in data]}"
+        return None, f"{url} answered 200 with no model list: {text[:200]!r}"
+    return [bounded(m) for m in data], f"{url} lists {[m['id'][:200] for m in data][:50]}"
+
+
+# What a server's model list or /version may take, and the longest string of them kept.
+LARGEST_LISTING, LONGEST_FIELD = 4 << 20, 512
+
+
+def bounded_get(url: str, headers: dict[str, str], timeout: float) -> tuple[int, str]:
+    """GET `url`: its status and text, refused past LARGEST_LISTING bytes (decompressed) or
+    `timeout` seconds in all, whichever the server does (a listing is small)."""
+    import time
+
+    import httpx2
+
+    start, chunks, size = time.perf_counter(), [], 0
+    with httpx2.stream("GET", url, headers=headers, timeout=timeout) as response:
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > LARGEST_LISTING or time.perf_counter() - start > timeout:
+                raise ValueError(f"more than {LARGEST_LISTING:,} bytes or {timeout:g} s: no listing is")
+            chunks.append(chunk)
+        return response.status_code, b"".join(chunks).decode("utf-8", "replace")
+
+
+def bounded(value: Any, depth: int = 0) -> Any:
+    """`value` as a record keeps it: strings cut at LONGEST_FIELD characters, at most 50 items
+    a list or mapping, 4 levels deep (a server's self-description is recorded, never its bulk)."""
+    if isinstance(value, str):
+        return value if len(value) <= LONGEST_FIELD else value[:LONGEST_FIELD] + f"… ({len(value):,} characters)"
+    if depth >= 4:
+        return "…"
+    if isinstance(value, dict):
+        return {bounded(str(k)): bounded(v, depth + 1) for k, v in list(value.items())[:50]}
+    if isinstance(value, list):
+        return [bounded(v, depth + 1) for v in value[:50]]
+    return value
 
 
 def problem(name: str, spec: dict[str, Any]) -> str | None:
@@ -122,19 +156,17 @@ def tokenizer_of(spec: dict[str, Any], prepared: str | None = None):
 def identity(spec: dict[str, Any]) -> dict[str, Any]:
     """The served model's entry (without what changes per call) and the version the server
     reports at /version, where it has one."""
-    import httpx2
-
     from tokenflip.models.served_tokenizer import root_url
 
     models, _ = served_models(spec)
     entry = next((m for m in models or [] if m["id"] == spec["model"]), {})
     out: dict[str, Any] = {"model_entry": {k: v for k, v in entry.items() if k in MODEL_ENTRY_FIELDS}}
     try:
-        response = httpx2.get(root_url(spec["url"]) + "/version", timeout=10.0)
-        if response.status_code == 200 and isinstance(response.json(), dict):
-            out["version"] = response.json()
+        status, text = bounded_get(root_url(spec["url"]) + "/version", {}, 10.0)
+        if status == 200 and isinstance(json.loads(text), dict):
+            out["version"] = bounded(json.loads(text))
     except Exception:
-        pass  # a server without /version
+        pass  # a server without /version, or with one larger than a version is
     return out
 
 
@@ -143,8 +175,8 @@ def answered(answers) -> dict[str, Any]:
     names it answered as (more than one of any: a finding of its own)."""
     fingerprints = sorted({str(a.body.get("system_fingerprint")) for a in answers if a.body.get("system_fingerprint")})
     headers = {h: sorted({a.headers[h] for a in answers if h in a.headers}) for h in IDENTITY_HEADERS}
-    return {"system_fingerprints": fingerprints, "headers": {h: v for h, v in headers.items() if v},
-            "answered_as": sorted({str(a.body.get("model")) for a in answers})}
+    return bounded({"system_fingerprints": fingerprints, "headers": {h: v for h, v in headers.items() if v},
+                    "answered_as": sorted({str(a.body.get("model")) for a in answers})})
 
 
 def background_prompts(job, tokenizer, as_ids: bool, fields: dict[str, Any]) -> Callable[[int], dict] | None:

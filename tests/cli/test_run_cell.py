@@ -1,0 +1,28 @@
+"""`tokenflip run-cell` makes the checks the pipeline makes before a cell: a cell that asks for
+more tokens than its model's context holds is refused in one line naming the benchmark and
+the context, before any token is generated (it used to run on until the machine ran out of
+memory), and nothing is written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import tiny_study, write_yaml
+
+
+def test_a_cell_asking_more_than_its_context_is_refused_before_it_runs(tmp_path):
+    study = tiny_study()
+    study["benchmarks"] = {"arith": {"kind": "arithmetic", "n": 2, "max_new_tokens": 10 ** 9}}
+    study["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1]}]
+    study["comparisons"], study["probes"] = [], {}
+    config = write_yaml(tmp_path / "study.yaml", study)
+    out = tmp_path / "cell.parquet"
+    proc = subprocess.run([sys.executable, "-m", "tokenflip", "run-cell", "--config", str(config), "--cell",
+                           "tiny/arith/fp32-on-bs1-greedy-none", "--out", str(out), "--models-dir",
+                           str(tmp_path / "models"), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tokenflip run-cell: error: benchmark 'arith': "), proc.stderr
+    assert "1000000000" in lines[0] or "1,000,000,000" in lines[0]
+    assert "context" in lines[0] and not out.exists()
