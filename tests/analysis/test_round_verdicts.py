@@ -85,3 +85,44 @@ def test_each_round_asks_its_own_question():
     assert asked["prompts"] == {"a": 16} and asked["rounds"] == {"a": 3} and asked["tested"] == 1
     assert question(config, judged, 4)["prompts"] == {}
     assert outcome_sequences({"x": True, "y": False, "z": True}, [{"x": False, "y": True}]) == [[1, -1]]
+
+
+def test_a_round_stops_what_it_decided_and_sends_on_only_the_cells_still_needed(prepared_models, tmp_path):
+    """Round 1 of a real study (blocks made by the cell runner on a tiny random llama): greedy
+    vs sampling at temperature 1 parts on every one of 10 prompts where greedy run again parts on
+    none, which the e-process shows at exactly 10 prompts among 2 judged comparisons (8 alone):
+    decided, and its sampled cell goes no further; the second comparison, level with its floor,
+    stays open, and only its cells and its floor's go on."""
+    import json
+
+    from tokenflip.analysis.rounds import decide_round
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.run.cell import run_cell
+    from tokenflip.study.plan import cell_job
+
+    s = tiny_study()
+    s["benchmarks"] = {"a": {"kind": "arithmetic", "n": 20, "max_new_tokens": 6}}
+    s["decoding"] = {"greedy": {"strategy": "greedy"}, "hot": {"strategy": "sample", "temperature": 1.0}}
+    s["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "decoding": ["greedy", "hot"]},
+                  {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "repeat": [2]},
+                  {"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1]}]
+    s["comparisons"] = [{"axis": "decoding", "a": "greedy", "b": "hot"}, {"axis": "repeat", "a": "default", "b": 2},
+                        {"axis": "cache", "a": "on", "b": "off"}]
+    s["probes"], s["blocks"], s["rounds"] = {}, {"first": 10}, {}
+    config = cfg.validate(s, check_data=False)
+    layout = RunLayout(config["run"], root=str(tmp_path))
+    cells = expand_cells(config)
+    for cell in cells:
+        run_cell(cell_job(config, cell).block(0, 10), prepared_models("llama"), layout.block(cell.id, 0, 10),
+                 progress=False)
+    judged = judged_pairs(expand_pairs(config, cells))
+    decoding = next(p for p, _ in judged if p.axis == "decoding")
+    cache = next(p for p, _ in judged if p.axis == "cache")
+    record = decide_round(config, layout, 1, judged, None, tmp_path / "1.json")
+    assert record == json.loads((tmp_path / "1.json").read_text())
+    assert sequential.first_above(np.ones(10, dtype=int), 0.05 / 2) == 10
+    assert record["decided"] == {decoding.id: {"verdict": "changes outputs", "prompts": 10, "round": 1}}
+    # cache on vs off in fp32 agrees token for token: level with its floor, not yet shown within ±5 pp
+    assert record["open"] == [cache.id]
+    assert record["continue"] == sorted({c.id for p in (cache, *dict(judged)[cache]) for c in (p.a, p.b)})
+    assert decoding.b.id not in record["continue"]

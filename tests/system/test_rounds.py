@@ -1,7 +1,7 @@
-"""A study of rounds with the real Snakemake: its checkpoints decide each round, the cells of
-an undecided comparison get the next block, a raised maximum generates only the new blocks
+"""A study of rounds with the real Snakemake: its checkpoint decides the round, the cells of an
+undecided comparison get the next block, a raised maximum generates only the new blocks
 (every old block file untouched), and the verdicts then equal those of the same study made
-at once."""
+at once. (A decided comparison stopping its cells: tests/analysis/test_round_verdicts.py.)"""
 
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ VERDICT_COLUMNS = ["pair_id", "n_prompts", "n_diverged", "verdict", "round_decid
 
 
 def study(max_prompts: int) -> dict:
-    """fp32 vs bf16 of a tiny random llama against the fp32 cell run again, in rounds of 8, 16,
-    32 prompts: bf16 parts on about a third of the prompts, which 16 prompts do not show."""
+    """fp32 vs bf16 of a tiny random llama against the fp32 cell run again, in rounds of 8 and 16
+    prompts: bf16 parts on about a third of the prompts, which 16 prompts do not show."""
     return {
         "run": "rounds", "seed": 0,
         "models": {"tiny": {"source": "random", "architecture": "llama", "seed": 0}},
-        "benchmarks": {"onestep": {"kind": "onestep", "n": 32, "max_new_tokens": 8}},
+        "benchmarks": {"onestep": {"kind": "onestep", "n": 16, "max_new_tokens": 8}},
         "generation": {"record_top_k": 4, "device": "cpu", "threads": 1},
         "blocks": {"first": 8},
         "rounds": {"max_prompts": max_prompts},
@@ -57,28 +57,27 @@ def verdicts(workdir: Path) -> pd.DataFrame:
 
 def test_a_raised_maximum_generates_only_new_blocks_and_decides_as_a_run_made_at_once(tmp_path):
     stepwise, at_once = tmp_path / "stepwise", tmp_path / "at-once"
-    _, made = run(stepwise, 16)
-    assert made == blocks([8, 16])  # round 1 decided nothing: every cell went on to round 2
+    _, made = run(stepwise, 8)
+    assert made == blocks([8])  # one round: its block is the last, and no checkpoint is needed
     first = verdicts(stepwise).set_index("pair_id")
     precision = first.loc["tiny/onestep/precision/fp32_vs_bf16/x-on-bs1-greedy-none"]
-    assert precision["verdict"] == "undecided" and precision["n_prompts"] == 16
-    assert precision["verdict_words"].startswith("undecided at its maximum of 16 prompts")
-    old = {path: (stepwise / path).stat().st_mtime_ns for path in blocks([8, 16])}
+    assert precision["verdict"] == "undecided" and precision["n_prompts"] == 8
+    assert precision["verdict_words"].startswith("undecided at its maximum of 8 prompts (3 parted")
+    old = {path: (stepwise / path).stat().st_mtime_ns for path in blocks([8])}
 
-    proc, made = run(stepwise, 32)
-    assert made == blocks([8, 16, 32]) - blocks([8, 16]), made  # only the new block of each cell
+    proc, made = run(stepwise, 16)
+    assert made == blocks([8, 16]) - blocks([8]), made  # round 1 decided nothing: only the new block of each cell
     assert {path: (stepwise / path).stat().st_mtime_ns for path in old} == old
-    assert "rounds: at most 3 rounds, 9 blocks, 96 prompts" in proc.stderr
+    assert "rounds: at most 2 rounds, 6 blocks, 48 prompts" in proc.stderr
 
     shutil.copytree(stepwise / "resources", at_once / "resources")  # the same prepared model, not made twice
-    _, made = run(at_once, 32)
-    assert made == blocks([8, 16, 32])
+    _, made = run(at_once, 16)
+    assert made == blocks([8, 16])
     pd.testing.assert_frame_equal(verdicts(stepwise), verdicts(at_once))
     decided = verdicts(at_once).set_index("pair_id").loc[precision.name]
-    assert decided["verdict"] == "changes outputs" and decided["round_decided"] == 3
-    for number in (1, 2):  # the last round needs no checkpoint: no block comes after it
-        a, b = (json.loads((w / f"results/rounds/rounds/{number}.json").read_text()) for w in (stepwise, at_once))
-        assert a == b and a["open"] == [precision.name] and a["decided"] == {}, number
-    assert not (at_once / "results/rounds/rounds/3.json").exists()
+    assert decided["verdict"] == "undecided" and decided["n_diverged"] == 7 and decided["n_prompts"] == 16
+    a, b = (json.loads((w / "results/rounds/rounds/1.json").read_text()) for w in (stepwise, at_once))
+    assert a == b and a["open"] == [precision.name] and a["decided"] == {} and len(a["continue"]) == 3
+    assert not (at_once / "results/rounds/rounds/2.json").exists()  # the last round needs no checkpoint
     cell = at_once / "results/rounds/cells/tiny/onestep/bf16-on-bs1-greedy-none.parquet"
-    assert len(pd.read_parquet(cell)) == 32
+    assert len(pd.read_parquet(cell)) == 16
