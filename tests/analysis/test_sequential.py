@@ -13,6 +13,7 @@ from tokenflip.analysis.sequential import (
     anytime_p,
     capital_above,
     decided,
+    decidable_within,
     decided_against,
     excess_sequence,
     first_above,
@@ -85,3 +86,12 @@ def test_the_prompts_still_needed_are_the_rules_own_where_nothing_is_random():
     # a comparison that always parts where its floor never does: decided at the first capital above 1/α
     assert prompts_to_decide(1.0, 0.0, margin=0.05) == first_above(np.ones(100, dtype=int))
     assert prompts_to_decide(0.1, 0.1, margin=0.001, cap=256) is None  # a margin that close is not reached
+
+
+def test_a_comparison_is_stopped_only_where_not_even_the_best_case_could_decide_it():
+    zeros, ones = np.zeros(8, dtype=int), np.ones(5, dtype=int)
+    assert not decidable_within([zeros], 4, margin=0.05)  # 4 more parted: K ≤ 1.5^4 < 20; level: far from ±5 pp
+    assert decidable_within([zeros], 200, margin=0.05)  # level for 116 prompts shows "within noise"
+    assert decidable_within([ones], 3, margin=0.05) and not decidable_within([ones], 2, margin=0.05)  # 8 = first_above
+    assert not decidable_within([ones], 3, margin=0.05, tested=19)  # among 19 comparisons it takes 15
+    assert not decidable_within([ones, zeros], 0, margin=0.05)

@@ -72,12 +72,15 @@ def outcome_sequences(parted: dict[str, bool], floors: list[dict[str, bool]]) ->
 def decide_round(config: dict[str, Any], layout: RunLayout, number: int, judged: Judged,
                  previous: str | None, out_path: str | Path) -> dict[str, Any]:
     """Round `number`: judge every comparison still open on the prompts its benchmark has by
-    now (its cells' blocks so far), and name the cells that go on to the next block."""
+    now (its cells' blocks so far), stop those that could not be decided within their maximum
+    even at best (`sequential.decidable_within`), and name the cells that go on to the next
+    block."""
     asked = question(config, judged, number)
-    before = json.loads(Path(previous).read_text()) if previous else {"decided": {}, "open": None}
-    decided = dict(before["decided"])
+    before = json.loads(Path(previous).read_text()) if previous else {"decided": {}, "stopped": {}, "open": None}
+    decided, stopped = dict(before["decided"]), dict(before["stopped"])
     still = [(pair, floors) for pair, floors in judged
-             if pair.id not in decided and (before["open"] is None or pair.id in before["open"])
+             if pair.id not in decided and pair.id not in stopped
+             and (before["open"] is None or pair.id in before["open"])
              and pair.a.benchmark in asked["prompts"]]
     tables: dict[str, dict[str, list]] = {}
     for cell_id in cells_of(still):
@@ -96,10 +99,15 @@ def decide_round(config: dict[str, Any], layout: RunLayout, number: int, judged:
         if label is not None:
             decided[pair.id] = {"verdict": label, "prompts": taken, "round": number}
             continue
+        ends = block_ends(config, pair.a.benchmark)
+        if len(ends) > number and not sequential.decidable_within(d, ends[-1] - prompts, asked["margin"], ALPHA,
+                                                                  asked["tested"]):
+            stopped[pair.id] = {"prompts": prompts, "round": number, "maximum": ends[-1]}
+            continue
         open_now.append(pair.id)
-        if len(block_ends(config, pair.a.benchmark)) > number:
+        if len(ends) > number:
             go_on.update(c.id for p in (pair, *floors) for c in (p.a, p.b))
-    record = {**asked, "decided": decided, "open": open_now, "continue": sorted(go_on)}
+    record = {**asked, "decided": decided, "stopped": stopped, "open": open_now, "continue": sorted(go_on)}
     storage.write_json(out_path, record)
     return record
 
@@ -143,8 +151,12 @@ def with_round_verdicts(rows: list[dict], order: dict[str, list[str]], outcomes:
             more = sum(x == 1 for x in deciding) / n
             less = sum(x == -1 for x in deciding) / n
             need = sequential.prompts_to_decide(more, less, margin, ALPHA, tested)
+            maximum = ends[-1] or n
+            where = (f"at its maximum of {n} prompts" if n >= maximum else
+                     f"after {n} prompts, stopped: not even the best case of the {maximum - n} left to its maximum "
+                     f"of {maximum} could decide it")
             row.update(verdict="undecided", prompts_needed=need,
-                       verdict_words=f"undecided at its maximum of {n} prompts ({k} parted; anytime p = {p:.3g}): "
+                       verdict_words=f"undecided {where} ({k} parted; anytime p = {p:.3g}): "
                                      + (f"about {need} prompts in all would decide it (the median of simulated "
                                         f"runs at the rates seen)" if need else
                                         "more than 2,000 prompts would be needed at the rates seen"))

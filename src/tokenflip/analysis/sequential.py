@@ -120,6 +120,19 @@ def decided_against(floors: list, margin: float, alpha: float = ALPHA,
     return None, None
 
 
+def decidable_within(floors: list, remaining: int, margin: float, alpha: float = ALPHA, tested: int = 1) -> bool:
+    """Whether `remaining` more prompts could still decide, at best: every one parted only in
+    the comparison (the most the e-process can gain), or none parted on either side (the
+    tightest the sequence can close around 0). A comparison that could not is stopped: no
+    error is made by not deciding, and no prompt is spent that could not change its verdict."""
+    if remaining <= 0:
+        return False
+    best = [np.concatenate([np.asarray(d, dtype=float), np.ones(remaining)]) for d in floors]
+    level = [np.concatenate([np.asarray(d, dtype=float), np.zeros(remaining)]) for d in floors]
+    return decided_against(best, margin, alpha, tested)[0] == "changes outputs" or \
+        decided_against(level, margin, alpha, tested)[0] == "within noise"
+
+
 def anytime_p(d, alpha: float = ALPHA) -> float:
     """The anytime-valid p-value of "changes outputs": 1 / the largest capital so far (Ville)."""
     capital = capital_above(d, alpha)

@@ -60,7 +60,7 @@ def comparison_counts(pairs: pd.DataFrame) -> dict[str, int]:
 
 def round_rows(pairs: pd.DataFrame) -> list[dict[str, Any]]:
     """In a study of rounds, each judged comparison (first runs): the round it was decided
-    in and the prompts that took, or, stopped at its maximum, the prompts it had and about
+    in and the prompts that took, or, stopped undecided, the prompts it had and about
     how many it would need (`analysis.rounds`)."""
     if pairs.empty or "round_decided" not in pairs:
         return []
