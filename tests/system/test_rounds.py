@@ -70,6 +70,15 @@ def test_a_raised_maximum_generates_only_new_blocks_and_decides_as_a_run_made_at
     assert {path: (stepwise / path).stat().st_mtime_ns for path in old} == old
     assert "rounds: at most 2 rounds, 6 blocks, 48 prompts" in proc.stderr
 
+    # Raising the benchmark's n remakes its prompt check (more prompts to check) and no old block.
+    raised = study(24)
+    raised["benchmarks"]["onestep"]["n"] = 24
+    dry = run_snakemake(stepwise, write_yaml(stepwise / "raised.yaml", raised), "-n",
+                        "results/rounds/summary/pairs.parquet")
+    planned = scheduled_jobs(dry.stdout)
+    assert ("check_prompts", "results/rounds/checks/tiny/onestep.json") in planned
+    assert not {out for rule, out in planned if rule == "generate"} & blocks([8, 16]), planned
+
     shutil.copytree(stepwise / "resources", at_once / "resources")  # the same prepared model, not made twice
     _, made = run(at_once, 16)
     assert made == blocks([8, 16])

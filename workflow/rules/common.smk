@@ -71,9 +71,12 @@ def block_job_json(wildcards):
 
 
 BLOCKS = in_blocks(config)
+BLOCKS_PLAN = json.dumps({"blocks": {name: blocks_of(config, name) for name in config["benchmarks"]},
+                          "rounds": config.get("rounds"), "margin": config["verdict"]["margin"]}, sort_keys=True)
 # Rounds: each round's decisions (checkpoint `decide_round`) name the cells that go on to
 # the next block; a cell's file joins the blocks its rounds took.
 JUDGED = tokenflip_rounds.judged_pairs(PAIRS) if rounds_on(config) else []
+JUDGED_CELLS = set(tokenflip_rounds.cells_of(JUDGED))
 if rounds_on(config):
     _worst = worst_case(config, CELLS)
     print(f"tokenflip: rounds: at most {_worst['rounds']} rounds, {_worst['blocks']} blocks, {_worst['prompts']} "
@@ -91,7 +94,7 @@ def block_list(cell):
     """The blocks of `cell` this study generates, as (path, first, end): all of them, or in
     a study of rounds those of the rounds the cell took part in."""
     blocks = blocks_of(config, cell.benchmark)
-    if rounds_on(config):
+    if rounds_on(config) and cell.id in JUDGED_CELLS:  # a cell no round judges takes every block
         taken = 1
         while taken < len(blocks) and cell.id in round_record(taken)["continue"]:
             taken += 1

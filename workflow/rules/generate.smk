@@ -10,7 +10,10 @@
 rule generate:
     input:
         model=LAYOUT.model_pattern,
-        prompts=LAYOUT.prompt_check_pattern,
+        # In blocks, the prompt check comes first but a remade one (a raised n) reruns no block:
+        # a block depends on its own prompts (its params) and the benchmark's data files.
+        prompts=ancient(LAYOUT.prompt_check_pattern) if BLOCKS else LAYOUT.prompt_check_pattern,
+        data=benchmark_files if BLOCKS else [],
     output:
         LAYOUT.block_pattern if BLOCKS else LAYOUT.cell_pattern,
     params:
@@ -32,10 +35,25 @@ if BLOCKS:
 
     localrules:
         join_blocks,
+        blocks_plan,
+
+    # Where each benchmark's blocks end (and the rounds' settings): remade when they change, so
+    # that every cell is joined again and asks the rounds (their checkpoints) which blocks it takes
+    # now; a checkpoint's missing record alone does not make Snakemake remake a finished cell.
+    rule blocks_plan:
+        output:
+            LAYOUT.blocks_plan,
+        params:
+            plan=BLOCKS_PLAN,
+        run:
+            from tokenflip.core.storage import write_json
+
+            write_json(output[0], json.loads(params.plan))
 
     rule join_blocks:
         input:
-            cell_blocks,
+            plan=LAYOUT.blocks_plan,
+            blocks=cell_blocks,
         output:
             LAYOUT.cell_pattern,
         params:

@@ -129,11 +129,15 @@ def with_round_verdicts(rows: list[dict], order: dict[str, list[str]], outcomes:
             continue
         parted = {p: p in outcomes[pid][1] for p in order[pid]}
         floors = [{p: p in outcomes[f][1] for p in order[f]} for f in floors_of[pid] if f in outcomes]
-        d = outcome_sequences(parted, floors)
+        d = [x for x in outcome_sequences(parted, floors) if x]  # a floor that shares no prompt says nothing
+        if not d:
+            out.append(row)
+            continue
         label, taken = sequential.decided_against(d, margin, ALPHA, tested)
         ends = block_ends(config, row["benchmark"])
-        p = max(sequential.anytime_p(x) for x in d)
-        deciding = d[max(range(len(d)), key=lambda i: sequential.anytime_p(d[i]))]
+        # the anytime p of the e-process the rule runs (at α/tested): adjusted ≤ α exactly when it decides
+        ps = [sequential.anytime_p(x, ALPHA / tested) for x in d]
+        p, deciding = max(ps), d[max(range(len(d)), key=ps.__getitem__)]
         k, n = int(row["n_diverged"]), len(deciding)
         row.update(p_above=p, p_adjusted=min(1.0, p * tested), comparisons_tested=tested)
         if label is not None:
@@ -159,6 +163,6 @@ def with_round_verdicts(rows: list[dict], order: dict[str, list[str]], outcomes:
                        verdict_words=f"undecided {where} ({k} parted; anytime p = {p:.3g}): "
                                      + (f"about {need} prompts in all would decide it (the median of simulated "
                                         f"runs at the rates seen)" if need else
-                                        "more than 2,000 prompts would be needed at the rates seen"))
+                                        "more than 4,000 prompts would be needed at the rates seen"))
         out.append(row)
     return out

@@ -55,6 +55,11 @@ class RunLayout:
         """The block of prompts [first, end) of cell `cell_id` (end None: to the benchmark's last)."""
         return self._path("results", self.run, "blocks", cell_id, f"{first}-{'end' if end is None else end}.parquet")
 
+    @property
+    def blocks_plan(self) -> str:
+        """Where each benchmark's blocks end and how rounds decide: a changed plan joins every cell again."""
+        return self._path("results", self.run, "blocks", "plan.json")
+
     def round(self, number: int | str) -> str:
         """What round `number` (1, 2, ...) decided: the comparisons decided and the cells that go on."""
         return self._path("results", self.run, "rounds", f"{number}.json")

@@ -120,9 +120,10 @@ class BlockError(ValueError):
     other prompts than its name says."""
 
 
-# What may differ between two blocks of one cell: their own prompts and what they took.
-_BLOCK_OWN = {"settings", "benchmark", "observed", "token_stream_sha256", "logits_sha256", "wall_seconds",
-              "cpu_seconds", "generated_tokens", "table_sha256", "engine_timing", "traffic", "findings"}
+# What must be the same in every block of one cell: the model, the software, the machine and
+# its determinism. The engine's record may differ by block (an engine sizes its context from the
+# prompts it is given; a server's fingerprints change): the cell keeps its first block's.
+_BLOCK_SAME = ("model", "environment.software", "environment.device", "environment.determinism")
 
 
 def join_blocks(job: CellJob, blocks: list[tuple[str, int, int | None]], out_path) -> dict[str, Any]:
@@ -146,7 +147,8 @@ def join_blocks(job: CellJob, blocks: list[tuple[str, int, int | None]], out_pat
         if index != list(range(first, first + len(index))) or (end is not None and first + len(index) != end):
             raise BlockError(f"{path}: holds prompts {index[:1]}..{index[-1:]}, not [{first}, {end})")
         if metas:
-            own, theirs = (({k: v for k, v in flatten_provenance(m).items() if k.split(".")[0] not in _BLOCK_OWN})
+            own, theirs = (({k: v for k, v in flatten_provenance(m).items()
+                             if any(k == key or k.startswith(key + ".") for key in _BLOCK_SAME)})
                            for m in (metas[0], meta))
             differ = sorted(k for k in set(own) | set(theirs) if own.get(k) != theirs.get(k))
             if differ:

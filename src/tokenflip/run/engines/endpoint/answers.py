@@ -76,8 +76,10 @@ def _steps(choice: dict[str, Any], api: str) -> list[tuple[Any, Any, list[tuple[
     return [(tok, score, list((top or {}).items())) for tok, score, top in zip(tokens, chosen, tops)]
 
 
-def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabulary: int | None) -> str | None:
-    """What is wrong with answer `data` to request `body` (None if nothing): see the module."""
+def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabulary: int | None,
+            served: frozenset = frozenset()) -> str | None:
+    """What is wrong with answer `data` to request `body` (None if nothing): see the module.
+    `served`: the model names the server lists (vLLM answers every alias by its first name)."""
     asked_tokens = int(body.get("max_tokens") or 0)
     choices = data["choices"]
     if len(choices) != 1:
@@ -88,7 +90,7 @@ def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabu
     if choice.get("index", 0) != 0:
         return f"choice index {choice.get('index')!r} to a request for choice 0"
     model = data.get("model")
-    if model is not None and (not isinstance(model, str) or not (model == body["model"]
+    if model is not None and (not isinstance(model, str) or not (model == body["model"] or model in served
                                                                  or model.startswith(f"{body['model']}-"))):
         return f"as model {str(model)[:80]!r}, not the {body['model']!r} asked for"
     longest = CHARS_PER_TOKEN * max(asked_tokens, 1)
@@ -129,8 +131,10 @@ def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabu
             return f"step {i}'s logprob {str(score)[:40]!r}, not a number"
         if len(tops) > k + 1:
             return f"{len(tops)} alternatives at step {i} to a request for {k}"
-        names = [t for t, _ in tops]
-        if len(set(map(str, names))) != len(names):
+        # Two alternatives named by the same id are one token twice; the same text may be two tokens
+        # (partial UTF-8 bytes a text server shows as one replacement character).
+        ids = [t for t, _ in tops if isinstance(t, str) and t.startswith(TOKEN_ID_PREFIX)]
+        if len(set(ids)) != len(ids):
             return f"the same token twice among step {i}'s alternatives"
         for name, value in tops:
             if (why := _string(name, CHARS_PER_TOKEN)) is not None or not _number(value):

@@ -218,8 +218,9 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     answers, traffic = asyncio.run(client.run(spec, bodies, concurrency, job.load, background))
     wall = time.perf_counter() - start
     vocabulary_size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    served = frozenset(m["id"] for m in server.served_models(spec)[0] or [])
     for (what, body), answer in zip(bodies, answers):  # nothing of an answer is read before it is checked
-        if (wrong := answer_problem(answer.body, body, spec["api"], job.record_top_k, vocabulary_size)):
+        if (wrong := answer_problem(answer.body, body, spec["api"], job.record_top_k, vocabulary_size, served)):
             raise client.EndpointError(f"{what}: {spec['url']} answered {wrong}; nothing of this cell is recorded")
     by_index = dict(zip(order, answers))
     answers = [by_index[i] for i in range(len(items))]  # in the benchmark's order from here
