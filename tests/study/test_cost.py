@@ -169,12 +169,12 @@ def test_the_default_costs_what_its_config_says(tmp_path):
     proc = _plan("--config", str(REPO / "config" / "config.yaml"), "--cost", "--json", "--root", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     cost = json.loads(proc.stdout)
-    # 15 cells on onestep (12 prompts: 10, and 5 run again for the noise floor) and 6 on
-    # onestep_kv (4 prompts: 4, and 2 run again), 32 new tokens each.
-    assert cost["rules"] == {"prepare_model": 1, "check_prompts": 2, "generate": 21, "compare": 26, "probe": 2,
+    # 14 cells on onestep (at most 12 prompts, its rounds' maximum: 10, and 4 run again for the
+    # noise floor) and 6 on onestep_kv (4 prompts: 4, and 2 run again), 32 new tokens each.
+    assert cost["rules"] == {"prepare_model": 1, "check_prompts": 2, "generate": 20, "compare": 23, "probe": 2,
                              "summarize": 1, "report": 1}
-    assert cost["generate"]["prompts"] == 15 * 12 + 6 * 4
-    assert cost["generate"]["generated_tokens"] == (15 * 12 + 6 * 4) * 32
+    assert cost["generate"]["prompts"] == 14 * 12 + 6 * 4
+    assert cost["generate"]["generated_tokens"] == (14 * 12 + 6 * 4) * 32
     size = cost["sources"]["parameters"]["smollm2-135m"]
     assert (size["parameters"], size["layers"], size["from"]) == (134515008, 30, "the GGUF file's metadata")
     assert cost["sources"]["prompt_tokens"]["smollm2-135m/onestep"]["from"] == "estimated at 4 characters a token"
