@@ -86,7 +86,8 @@ def decide_round(config: dict[str, Any], layout: RunLayout, number: int, judged:
     for cell_id in cells_of(still):
         model, bench, name = cell_id.split("/")
         rows: dict[str, list] = {}
-        for first, end in zip([0, *block_ends(config, bench)], block_ends(config, bench)[:number]):
+        ends = block_ends(config, bench)
+        for first, end in zip([0, *ends], ends[:number]):
             table, _ = storage.read_cell(layout.block(cell_id, first, end))
             rows.update(zip(table.column("prompt_id").to_pylist(), table.column("token_ids").to_pylist()))
         tables[cell_id] = rows

@@ -105,12 +105,17 @@ def write_cell(job: CellJob, bench: Benchmark, rows: list[dict], eos: list[int],
         "eos_token_ids": eos,
         "pad_token_id": pad,
         **provenance_of_engine,
-        "token_stream_sha256": storage.token_stream_digest(table),
-        "logits_sha256": storage.logits_digest(table),
         "wall_seconds": float(sum(r["latency_s"] for r in first_rows)),
         "cpu_seconds": float(sum(r["cpu_s"] for r in first_rows)),
         "generated_tokens": int(sum(r["n_tokens"] for r in rows)),
     }
+    return _write_cell_file(table, out_path, metadata)
+
+
+def _write_cell_file(table, out_path, metadata: dict[str, Any]) -> dict[str, Any]:
+    """A cell's table written with the digests of its data, which every reader recomputes."""
+    metadata = {**metadata, "token_stream_sha256": storage.token_stream_digest(table),
+                "logits_sha256": storage.logits_digest(table)}
     storage.write_table(table, out_path, metadata)
     return metadata
 
@@ -169,11 +174,8 @@ def join_blocks(job: CellJob, blocks: list[tuple[str, int, int | None]], out_pat
                      "largest_batch": max(m.get("observed", {}).get("largest_batch", 0) for m in metas)},
         "blocks": [{"prompts": [first, end], "file": str(path).rsplit("/", 1)[-1],
                     "token_stream_sha256": m["token_stream_sha256"]} for (path, first, end), m in zip(blocks, metas)],
-        "token_stream_sha256": storage.token_stream_digest(table),
-        "logits_sha256": storage.logits_digest(table),
         "wall_seconds": float(sum(m["wall_seconds"] for m in metas)),
         "cpu_seconds": float(sum(m["cpu_seconds"] for m in metas)),
         "generated_tokens": int(sum(m["generated_tokens"] for m in metas)),
     }
-    storage.write_table(table, out_path, metadata)
-    return metadata
+    return _write_cell_file(table, out_path, metadata)
