@@ -2,7 +2,8 @@
 divergence above its noise floor is shown to exceed the bound (or accuracy dropped
 significantly), passes where it is shown to be at most the bound, and is inconclusive
 otherwise, saying how many prompts would decide it; exit 0, 1 or 3, a JUnit file that a
-JUnit parser loads (inconclusive: skipped), and an unreadable run its own code."""
+JUnit parser loads (inconclusive: skipped), and what it cannot judge (a cell missing, an
+unreadable run) its own code, 4."""
 
 from __future__ import annotations
 
@@ -91,20 +92,23 @@ def test_the_gate_fails_passes_and_stays_inconclusive_where_the_figures_say(tmp_
     proc = _run(tmp_path, rows, "--max-divergence", "0.05")
     assert proc.returncode == 1, proc.stderr
     # The floor is what the others are judged against: not gated itself unless named.
-    assert "6 comparison(s) at --max-divergence 5.0%: 2 passed, 2 failed, 2 inconclusive" in proc.stderr
+    assert ("6 comparison(s) at --max-divergence 5.0%: 2 passed, 2 failed, 1 inconclusive, 1 not judged (a cell "
+            "missing)") in proc.stderr
     lines = {line.split(" [")[0]: line for line in proc.stderr.splitlines() if line.split(" ")[0].isupper()}
     assert lines["FAIL concurrency: loud"].startswith(
         "FAIL concurrency: loud [ctx]: 20 of 64 parted; +31.2% above its floor of 0.0%, 90% interval +22.6% to "
         "+41.4%: above --max-divergence 5.0% (Holm-adjusted p = ")
     assert "accuracy dropped from 75.0% to 25.0% (McNemar p = 0.001)" in lines["FAIL concurrency: worse"]
     assert "neither shown above nor at most --max-divergence 5.0%; about " in lines["INCONCLUSIVE concurrency: noisy"]
-    assert "did not finish" in lines["INCONCLUSIVE concurrency: lost"]
+    assert lines["MISSING concurrency: lost"] == ("MISSING concurrency: lost [ctx]: missing: a cell of this comparison "
+                                                  "did not finish (lost-a vs lost-b); nothing to judge; verdict: none")
     cases = _cases(tmp_path / "gate.junit.xml")
     assert [type(r).__name__ for r in cases["concurrency: loud"].result] == ["Failure"]
     assert [type(r).__name__ for r in cases["concurrency: noisy"].result] == ["Skipped"]
+    assert [type(r).__name__ for r in cases["concurrency: lost"].result] == ["Error"]
     assert cases["concurrency: quiet"].is_passed and cases["concurrency: better"].is_passed
     suite = ET.parse(tmp_path / "gate.junit.xml").getroot().find("testsuite")  # plain XML: what CI systems read
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("6", "2", "2")
+    assert [suite.get(k) for k in ("tests", "failures", "skipped", "errors")] == ["6", "2", "1", "1"]
 
 
 def test_inconclusive_exits_3_only_where_nothing_failed_and_a_passing_run_exits_0(tmp_path):
@@ -114,6 +118,26 @@ def test_inconclusive_exits_3_only_where_nothing_failed_and_a_passing_run_exits_
     assert "1 passed, 0 failed, 1 inconclusive" in proc.stderr
     proc = _gate(tmp_path, "--max-divergence", "0.2")
     assert proc.returncode == 0 and "2 passed, 0 failed, 0 inconclusive" in proc.stderr, proc.stderr
+
+
+def test_a_comparison_with_a_cell_missing_is_not_judged_and_exits_4_unless_another_failed(tmp_path):
+    """A comparison whose cell did not finish measured nothing: never a pass, and not "more
+    prompts would decide it" either; the gate says it cannot judge (4), naming the cells. A
+    comparison shown to fail still fails the run (1)."""
+    base = [_floor(0), _row("quiet", 0, cell_a="base")]
+    proc = _run(tmp_path, [*base, _row("lost", 0, status="missing")], "--max-divergence", "0.05")
+    assert proc.returncode == 4, proc.stderr
+    assert "1 passed, 0 failed, 0 inconclusive, 1 not judged" in proc.stderr
+    assert "(lost-a vs lost-b)" in proc.stderr and "1 comparison(s) gated have a cell that did not finish" in proc.stderr
+    proc = _run(tmp_path, [*base, _row("noisy", 3, cell_a="base"), _row("lost", 0, status="missing")],
+                "--max-divergence", "0.05")
+    assert proc.returncode == 4, proc.stderr  # missing outranks inconclusive: more prompts would not help it
+    proc = _run(tmp_path, [*base, _row("loud", 20, cell_a="base"), _row("lost", 0, status="missing")],
+                "--max-divergence", "0.05")
+    assert proc.returncode == 1, proc.stderr
+    # Only the comparisons asked for: the others gated alone pass.
+    proc = _gate(tmp_path, "--max-divergence", "0.05", "--comparison", "concurrency: quiet")
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_bound_of_zero_fails_on_any_prompt_parted_above_the_floor_and_one_passes_everything(tmp_path):

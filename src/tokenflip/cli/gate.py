@@ -7,11 +7,12 @@ the verdicts are: `analysis/paired.py`; a comparison without a floor, on its own
   across the comparisons gated), or where accuracy dropped significantly (b below a, exact
   McNemar p < α); with X = 0, where any prompt parted that its floor did not (zero tolerance);
 - **pass** where it is shown to be at most X (the upper end of its two-sided 1 − 2α interval);
-- **inconclusive** otherwise (or where a cell did not finish), with the prompts that would
-  likely decide it.
+- **inconclusive** otherwise, with the prompts that would likely decide it;
+- **missing** where a cell of it did not finish: nothing was measured, so it is not judged.
 
 Exit 0: every comparison passed; 1: one failed; 3: none failed, one is inconclusive; 2: a
-usage error; 4: the run's summary cannot be read, or holds nothing to gate. The noise floors
+usage error; 4: none failed and the gate cannot judge what it was asked (the run's summary
+cannot be read, holds nothing to gate, or a comparison gated has a cell missing). The noise floors
 (repeat pairs) are gated only where `--comparison` names them, on their own rate. A JUnit XML file (one test case per
 comparison: a failure, a pass, or an inconclusive skip) is written for CI systems.
 """
@@ -26,13 +27,13 @@ from pathlib import Path
 from tokenflip.core.layout import gate_junit_of, summary_of
 
 ALPHA = 0.05
-EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
 UNREADABLE = 4
+EXIT = {"pass": 0, "fail": 1, "inconclusive": 3, "missing": UNREADABLE}
 
 
 @dataclass
 class Outcome:
-    result: str  # pass | fail | inconclusive
+    result: str  # pass | fail | inconclusive | missing
     why: str
     p_fail: float | None = None  # the p-value of "above X" (Holm-adjusted across the run before use)
     figures: str = ""
@@ -112,7 +113,8 @@ def outcomes(rows: list[dict], bound: float, alpha: float = ALPHA) -> list[Outco
 
     tested = max(1, sum(r["status"] == "done" and int(r["n_prompts"]) > 0 for r in rows))
     out = [judge_row(r, bound, alpha, tested) if r["status"] == "done" else
-           Outcome("inconclusive", f"{r['status']}: a cell of this comparison did not finish") for r in rows]
+           Outcome("missing", f"{r['status']}: a cell of this comparison did not finish ({_cells(r)}); "
+                              f"nothing to judge") for r in rows]
     tested = [i for i, o in enumerate(out) if o.p_fail is not None]
     if tested:
         adjusted = multipletests([out[i].p_fail for i in tested], alpha=alpha, method="holm")[1]
@@ -141,7 +143,7 @@ def declared_gate(path: Path) -> dict:
 
 
 def cmd_gate(args) -> None:
-    from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
+    from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
     from tokenflip.analysis.summary import ResultError
     from tokenflip.core.storage import read_table
@@ -188,6 +190,8 @@ def cmd_gate(args) -> None:
             case.result = [Failure(outcome.why, type_="tokenflip.gate")]
         elif outcome.result == "inconclusive":
             case.result = [Skipped(f"inconclusive: {outcome.why}")]
+        elif outcome.result == "missing":
+            case.result = [Error(outcome.why, type_="tokenflip.gate.missing")]
         case.system_out = _verdict(row)
         suite.add_testcase(case)
     xml = JUnitXml()
@@ -196,13 +200,18 @@ def cmd_gate(args) -> None:
     xml.write(str(out), pretty=True)
     counts = {r: sum(o.result == r for o in results) for r in EXIT}
     print(f"tokenflip gate: {len(rows)} comparison(s) at --max-divergence {bound:.1%}: {counts['pass']} passed, "
-          f"{counts['fail']} failed, {counts['inconclusive']} inconclusive; JUnit: {out}", file=sys.stderr)
+          f"{counts['fail']} failed, {counts['inconclusive']} inconclusive, {counts['missing']} not judged (a cell "
+          f"missing); JUnit: {out}", file=sys.stderr)
     for row, outcome in zip(rows, results):
         if outcome.result != "pass":
             verdict = _verdict(row) or "none"
             print(f"{outcome.result.upper()} {row['label']} [{row['context']}]: {outcome.why}; verdict: {verdict}",
                   file=sys.stderr)
-    result = "fail" if counts["fail"] else "inconclusive" if counts["inconclusive"] else "pass"
+    result = next((r for r in ("fail", "missing", "inconclusive") if counts[r]), "pass")
+    if result == "missing":
+        print(f"tokenflip gate: error: {counts['missing']} comparison(s) gated have a cell that did not finish: "
+              f"finish the run (`make run`, or snakemake --keep-going to see why) or gate the others with "
+              f"--comparison", file=sys.stderr)
     if EXIT[result]:
         raise SystemExit(EXIT[result])
 
@@ -225,6 +234,10 @@ def unreadable_row(rows: list[dict]) -> str | None:
     return None
 
 
+def _cells(row: dict) -> str:
+    return " vs ".join(str(row.get(key, "?")) for key in ("cell_a", "cell_b"))
+
+
 def _verdict(row: dict) -> str:
     """The row's verdict in words ("" where it has none: an unfinished comparison)."""
     return next((v for v in (row.get("verdict_words"), row.get("verdict")) if isinstance(v, str) and v), "")
@@ -240,7 +253,8 @@ def add_command(sub) -> None:
 
     p = sub.add_parser("gate", help="a run's comparisons against a bound: pass (exit 0) where each is shown at "
                                     "most the bound above its noise floor, fail (1) where one is shown above it or "
-                                    "loses accuracy significantly, inconclusive (3) otherwise; writes JUnit XML")
+                                    "loses accuracy significantly, inconclusive (3) otherwise, 4 where it cannot "
+                                    "judge (a cell missing, an unreadable summary); writes JUnit XML")
     path_arg(p, "run", kind="dir", help="the run's results directory (results/<run>)")
     p.add_argument("--max-divergence", type=number(0, 1, "(a share of prompts)"),
                    help="the largest share of prompts allowed to part above the noise floor (0.05 = 5%%; 0: none, "
