@@ -1,7 +1,8 @@
 """A small fault-injecting HTTP proxy for the endpoint tests: it forwards every request to a
 real server, except those its script says to break. A script is a list of faults taken one
 per completion POST in arrival order (None: forward); GETs and other POSTs (a tokenize route)
-are forwarded, except to the paths in `missing`, which answer 404 as a server without them.
+are forwarded, except to the paths in `missing`, which answer 404 as a server without them,
+and to the paths in `on` ({path: fault}), which answer that fault every time.
 
 Faults: ("status", 503) answers that status with an error body; ("status", 429, seconds) adds
 Retry-After; "malformed" answers 200 with a body that is not JSON; "drop" closes the
@@ -29,6 +30,7 @@ class FaultProxy:
         self.upstream = (parts.hostname, parts.port)
         self.script: list = []
         self.missing: set[str] = set()
+        self.on: dict[str, object] = {}
         self.posts = 0
         self.lock = threading.Lock()
         proxy = self
@@ -40,19 +42,25 @@ class FaultProxy:
                 pass
 
             def do_GET(self):
-                self._forward(None)
+                path = self.path.split("?", 1)[0]
+                self._answer_with(proxy.on.get(path), None)
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 path = self.path.split("?", 1)[0]
                 if path in proxy.missing:
                     fault = ("status", 404)
+                elif path in proxy.on:
+                    fault = proxy.on[path]
                 elif not path.endswith("/completions"):
                     fault = None
                 else:
                     with proxy.lock:
                         fault = proxy.script.pop(0) if proxy.script else None
                         proxy.posts += 1
+                self._answer_with(fault, body)
+
+            def _answer_with(self, fault, body):
                 kind = fault if isinstance(fault, str) or fault is None else fault[0]
                 if kind == "status":
                     payload = b'{"error": {"message": "injected fault"}}'

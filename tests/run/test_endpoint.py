@@ -59,11 +59,11 @@ def servers(prepared_models, tmp_path_factory):
             server.stop()
 
 
-def _config(servers, **endpoints) -> dict:
+def _config(servers, benchmarks=None, **endpoints) -> dict:
     study = {
         "run": "endpoint",
         "models": {"smollm2": SMOLLM2},
-        "benchmarks": {"steps": dict(BENCH)},
+        "benchmarks": benchmarks or {"steps": dict(BENCH)},
         "generation": {"record_top_k": K, "device": "cpu"},
         "endpoints": {"llama": {"url": servers["llama"], "model": NAME, "server": "llama.cpp", "retries": 4},
                       **endpoints},
@@ -238,6 +238,85 @@ def test_a_request_is_bounded_in_time_and_bytes_and_never_redirected(servers, pr
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 300 * 1024  # KiB: 200 MB never held
     assert message in str(err.value) and proxy.url in str(err.value) and "prompt " in str(err.value), str(err.value)
     assert not out.exists()
+
+
+def _without(key):
+    def rewrite(answer):
+        answer["choices"][0].pop(key)
+        return answer
+    return rewrite
+
+
+CHAT_HOSTILE_ANSWERS = {
+    "a choice without its message": (_without("message"), "a chat choice without its message"),
+    "a lone surrogate in the message": (_set(["message", "content"], "\ud800"), "a lone surrogate"),
+    "steps that are no list": (_set(["logprobs", "content"], "x"), "logprobs.content that is not a list of steps"),
+    "alternatives that are no tokens": (_set(["logprobs", "content"], lambda v: [{**v[0], "top_logprobs": "x"}]),
+                                        "a step's top_logprobs that are not a list of tokens"),
+    "more steps than asked": (_set(["logprobs", "content"], lambda v: v[:1] * 9), "9 steps to a request for at most 8"),
+}
+
+
+@pytest.mark.parametrize("case", list(CHAT_HOSTILE_ANSWERS))
+def test_a_chat_answer_no_server_should_give_fails_the_cell_naming_the_request(servers, proxy, tmp_path_factory,
+                                                                               case):
+    """The chat API's answers are checked as the completions API's are: each fault one line
+    naming the endpoint, the prompt and the URL, and no cell written."""
+    rewrite, message = CHAT_HOSTILE_ANSWERS[case]
+    prompts = tmp_path_factory.mktemp("chat-prompts") / "traffic.jsonl"
+    prompts.write_text(json.dumps({"id": "capital", "messages": [{"role": "user", "content": "Capital of France?"}]})
+                       + "\n")
+    config = _config(servers, faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp", "retries": 0,
+                                      "api": "chat"},
+                     benchmarks={"traffic": {"kind": "prompts", "source": {"path": str(prompts)}, "max_new_tokens": 8}})
+    proxy.script = [("rewrite", rewrite)]
+    cell = Cell("smollm2", "traffic", "fp32", "on", 1, "greedy", "none", engine="faulty")
+    out = tmp_path_factory.mktemp("chat-cell") / "cell.parquet"
+    with pytest.raises(EndpointError) as err:
+        run_cell(cell_job(config, cell), servers["model_dir"], out, progress=False)
+    said = str(err.value)
+    assert message in said and "endpoint 'faulty', prompt " in said and f"{proxy.url} answered " in said, said
+    assert said.endswith("nothing of this cell is recorded") and "\n" not in said
+    assert proxy.posts == 1 and not out.exists() and list(out.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("fault, message", [
+    (("trickle", 0.5), "did not finish its answer within 2 s in all"),
+    (("huge", 200 << 20), "answered more than 4,194,304 bytes: cut off"),
+    (("gzip", 200 << 20), "answered more than 4,194,304 bytes: cut off"),
+    (("redirect", "http://127.0.0.1:9/extras/tokenize"), "answered 307, a redirect to 'http://127.0.0.1:9/extras/"),
+    (("rewrite", lambda answer: {"tokens": [-5, 1]}), "answered no token ids for "),
+    (("rewrite", lambda answer: {"tokens": [10 ** 12]}), "answered no token ids for "),
+    (("rewrite", lambda answer: {"tokens": ["5"]}), "answered no token ids for "),
+])
+def test_a_servers_tokenizer_routes_are_bounded_and_their_ids_checked(servers, proxy, fault, message):
+    """`source: server` asks the server's tokenize routes: each answer within its time, bytes
+    and origin, its ids integers of a vocabulary, else refused in words naming the route."""
+    import resource
+    import time
+
+    from tokenflip.models.served_tokenizer import ServedTokenizerError, connect
+
+    proxy.on = {"/extras/tokenize": fault}
+    rss, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    with pytest.raises(ServedTokenizerError) as err:
+        connect({"url": proxy.url, "model": NAME, "server": "llama.cpp", "timeout_s": 2})
+    assert time.perf_counter() - start < 60
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 300 * 1024  # KiB: 200 MB never held
+    said = str(err.value)
+    assert f"{proxy.url.rsplit('/v1', 1)[0]}/extras/tokenize" in said and message in said and "\n" not in said, said
+
+
+def test_a_model_list_past_its_bounds_is_nothing_answering_before_any_job(servers, proxy):
+    from tokenflip.run.engines.endpoint.server import problem
+
+    spec = {"url": proxy.url, "model": NAME, "server": "llama.cpp"}
+    proxy.on = {"/v1/models": ("gzip", 200 << 20)}
+    assert problem("faulty", spec) == (f"endpoint 'faulty' ({proxy.url}): nothing answers at {proxy.url}/models "
+                                       f"(BoundedHTTPError: {proxy.url}/models answered more than 4,194,304 bytes: "
+                                       f"cut off)")
+    proxy.on = {"/v1/models": ("redirect", "http://127.0.0.1:9/v1/models")}
+    assert "answered 307, a redirect to 'http://127.0.0.1:9/v1/models': not followed" in problem("faulty", spec)
 
 
 def test_a_server_that_is_down_or_serves_another_model_is_refused_before_any_job(servers, tmp_path):

@@ -41,6 +41,10 @@ ORDINARY_TEXT = ("A server under load answers other users' requests beside the a
                  "17, 256 or 4096, and punctuation (commas, periods; colons!) that any tokenizer splits.")
 
 
+# The longest chat template a server's info route may name (real ones take a few KiB).
+LONGEST_TEMPLATE = 256 << 10
+
+
 class ServedTokenizerError(RuntimeError):
     """A server that cannot tokenize for tokenflip, or whose tokenizer changed."""
 
@@ -88,11 +92,13 @@ def root_url(url: str) -> str:
 
 def token_ids(answer: Any) -> list[int] | None:
     """The ids a tokenize route answered: `{"tokens": [ids]}` (vLLM, SGLang, llama.cpp), or a
-    list of `{"id": ...}` (TGI); None for anything else. An empty text's ids may be none."""
+    list of `{"id": ...}` (TGI); None for anything else (ids that are not integers of 0 to
+    2^31 - 1 included). An empty text's ids may be none."""
     tokens = answer.get("tokens") if isinstance(answer, dict) else answer
     if isinstance(tokens, list) and tokens and all(isinstance(t, dict) for t in tokens):
         tokens = [t.get("id") for t in tokens]
-    if isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+    if isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2 ** 31
+                                        for t in tokens):
         return tokens
     return None
 
@@ -121,7 +127,8 @@ class ServedTokenizer:
         self.spec, self.info = spec, info
         self.family = next(f for f in families("") if f.name == info["family"])
         self.root = root_url(spec["url"])
-        self._http = httpx2.Client(timeout=float(spec.get("timeout_s") or 60), headers=headers(spec))
+        self._timeout = float(spec.get("timeout_s") or 60)
+        self._http = httpx2.Client(timeout=self._timeout, headers=headers(spec), follow_redirects=False)
         self._encoded: dict[tuple[str, bool], list[int]] = {}
         self._decoded: dict[tuple[tuple[int, ...], bool], str] = {}
         self._single: dict[str, int] = {}
@@ -134,10 +141,27 @@ class ServedTokenizer:
     # --- what a tokenizer answers ------------------------------------------------------
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
-        response = self._http.post(self.root + path, json=body)
-        if response.status_code != 200:
-            raise ServedTokenizerError(f"{self.root + path} answered {response.status_code}: {response.text[:200]!r}")
-        return response.json()
+        """The JSON answer of one route, within `core.bounded_http`'s bounds (time, bytes, no
+        redirect); anything else a `ServedTokenizerError` naming the URL."""
+        from tokenflip.core.bounded_http import fetch_json
+
+        url = self.root + path
+        try:
+            status, answer, text = fetch_json("POST", url, body=body, http=self._http, timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001 - refused, reset, too slow, too large: said with the URL
+            raise ServedTokenizerError(f"{url}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+        if status != 200:
+            raise ServedTokenizerError(f"{url} answered {status}: {text!r}")
+        if answer is None:
+            raise ServedTokenizerError(f"{url} answered 200 with no JSON: {text!r}")
+        return answer
+
+    def _get(self, url: str) -> Any:
+        """The JSON answer of a GET (None where it is none or not 200), bounded as `_post`."""
+        from tokenflip.core.bounded_http import fetch_json
+
+        status, answer, _ = fetch_json("GET", url, http=self._http, timeout=self._timeout)
+        return answer if status == 200 else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         key = (text, add_special_tokens)
@@ -281,14 +305,13 @@ def _described(tokenizer: ServedTokenizer, family: Family) -> dict[str, Any]:
     if not family.info:
         return out
     try:
-        response = tokenizer._http.get(tokenizer.root + family.info)
-        answer = response.json() if response.status_code == 200 else {}
-    except Exception:  # noqa: BLE001 - a route the server was not started with
+        answer = tokenizer._get(tokenizer.root + family.info)
+    except Exception:  # noqa: BLE001 - a route the server was not started with, or one too slow or large
         return out
     if not isinstance(answer, dict):
         return out
     template = answer.get("chat_template")
-    out["chat_template_text"] = template if isinstance(template, str) else None
+    out["chat_template_text"] = template if isinstance(template, str) and len(template) <= LONGEST_TEMPLATE else None
     eos = answer.get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
     if isinstance(eos, str) and eos:
@@ -301,12 +324,12 @@ def _described(tokenizer: ServedTokenizer, family: Family) -> dict[str, Any]:
 def _model_length(tokenizer: ServedTokenizer) -> int | None:
     """The served model's length where its model list names one (vLLM's `max_model_len`)."""
     try:
-        answer = tokenizer._http.get(tokenizer.spec["url"].rstrip("/") + "/models").json()
+        answer = tokenizer._get(tokenizer.spec["url"].rstrip("/") + "/models")
         length = next((m.get("max_model_len") for m in answer.get("data") or []
                        if isinstance(m, dict) and m.get("id") == tokenizer.spec["model"]), None)
     except Exception:  # noqa: BLE001 - a model list without lengths: the context is not known
         return None
-    return length if isinstance(length, int) and not isinstance(length, bool) else None
+    return length if isinstance(length, int) and not isinstance(length, bool) and 0 < length < 2 ** 31 else None
 
 
 def generation_config(served: ServedTokenizer):

@@ -38,25 +38,16 @@ def served_models(spec: dict[str, Any], timeout: float = 10.0) -> tuple[list[dic
     return [bounded(m) for m in data], f"{url} lists {[m['id'][:200] for m in data][:50]}"
 
 
-# What a server's model list or /version may take, and the longest string of them kept.
-LARGEST_LISTING, LONGEST_FIELD = 4 << 20, 512
+# The longest string of a server's self-description kept.
+LONGEST_FIELD = 512
 
 
 def bounded_get(url: str, headers: dict[str, str], timeout: float) -> tuple[int, str]:
-    """GET `url`: its status and text, refused past LARGEST_LISTING bytes (decompressed) or
-    `timeout` seconds in all, whichever the server does (a listing is small)."""
-    import time
+    """GET `url`: its status and text, within `core.bounded_http`'s bounds (a listing is small)."""
+    from tokenflip.core.bounded_http import fetch
 
-    import httpx2
-
-    start, chunks, size = time.perf_counter(), [], 0
-    with httpx2.stream("GET", url, headers=headers, timeout=timeout) as response:
-        for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > LARGEST_LISTING or time.perf_counter() - start > timeout:
-                raise ValueError(f"more than {LARGEST_LISTING:,} bytes or {timeout:g} s: no listing is")
-            chunks.append(chunk)
-        return response.status_code, b"".join(chunks).decode("utf-8", "replace")
+    status, data = fetch("GET", url, headers=headers, timeout=timeout)
+    return status, data.decode("utf-8", "replace")
 
 
 def bounded(value: Any, depth: int = 0) -> Any:

@@ -26,23 +26,22 @@ UNSPELLED_ALLOWED = 0.25
 
 def server_ids(spec: dict[str, Any], text: str, timeout: float = 10.0) -> tuple[list[int] | None, str]:
     """The server's own ids of `text` and the route that gave them, or (None, why none did)."""
-    import httpx2
-
+    from tokenflip.core.bounded_http import fetch_json
     from tokenflip.models.served_tokenizer import families, headers, root_url, token_ids
 
     tried = []
     for family in families(spec.get("server", "openai")):
         url = root_url(spec["url"]) + family.tokenize
         try:
-            response = httpx2.post(url, json=family.tokenize_body(spec["model"], text, False), headers=headers(spec),
-                                   timeout=timeout)
-            tokens = token_ids(response.json()) if response.status_code == 200 else None
-        except Exception as exc:  # noqa: BLE001 - a route the server lacks or garbles: the next one
-            tried.append(f"{url}: {type(exc).__name__}")
+            status, answer, _ = fetch_json("POST", url, body=family.tokenize_body(spec["model"], text, False),
+                                           headers=headers(spec), timeout=timeout)
+            tokens = token_ids(answer) if status == 200 else None
+        except Exception as exc:  # noqa: BLE001 - a route the server lacks, garbles or floods: the next one
+            tried.append(f"{url}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
             continue
         if tokens:
             return tokens, url
-        tried.append(f"{url}: {response.status_code}")
+        tried.append(f"{url}: {status}")
     return None, "no tokenize route answered (" + "; ".join(tried) + ")"
 
 
