@@ -348,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenflip.core.specs import JobSpecError
     from tokenflip.core.storage import StorageError
     from tokenflip.models.prepare import ModelError
+    from tokenflip.models.served_tokenizer import ServedTokenizerError
     from tokenflip.run.benchmarks import BenchmarkError
     from tokenflip.run.engines.endpoint.client import EndpointError
     from tokenflip.run.engines.vllm_offline.support import VllmError
@@ -360,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         check_paths(args)
         args.func(args)
     except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
-            ResultError, PromptFormatError, InputError, CostInputError, EndpointError, WorkerError, VllmError) as exc:
+            ResultError, PromptFormatError, InputError, CostInputError, EndpointError, WorkerError, VllmError,
+            ServedTokenizerError) as exc:
         print(f"tokenflip {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback

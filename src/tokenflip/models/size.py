@@ -189,3 +189,21 @@ def random_model_config(spec: dict[str, Any]) -> dict[str, Any]:
     from tokenflip.models.prepare import TINY_ARCHITECTURES  # imports torch: only for configs with a random model
 
     return {**TINY_ARCHITECTURES[spec["architecture"]], **spec.get("overrides", {})}
+
+
+def context_length(model_dir: str | Path) -> int | None:
+    """A prepared model's context (max_position_embeddings of its config.json, or of its
+    text config), None where it names none."""
+    path = Path(model_dir) / "config.json"
+    from tokenflip.models.served_tokenizer import FILE
+
+    served = Path(model_dir) / FILE
+    if not path.is_file() and served.is_file():  # the model length the server's model list names
+        value = json.loads(served.read_text())["info"].get("max_model_len")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+    if not path.is_file():
+        return None
+    fields = json.loads(path.read_text())
+    value = (fields.get("max_position_embeddings") if isinstance(fields, dict) else None) \
+        or text_fields(fields).get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None

@@ -4,12 +4,10 @@ within its model's context. Each message names the key, the value and the bound.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any, Iterator
 
-from tokenflip.models.size import head_size, random_model_config, text_fields
+from tokenflip.models.size import context_length, head_size, random_model_config
 
 __all__ = ["model_problems", "machine_memory_bytes", "longest_generation", "context_length"]
 
@@ -62,24 +60,6 @@ def longest_generation(config: dict[str, Any], model: str, benchmark: str) -> in
     spec = config["benchmarks"][benchmark]
     return max((tokens for m, b, _, tokens in _generations(config) if (m, b) == (model, benchmark)),
                default=spec.get("max_new_tokens", config["generation"]["max_new_tokens"]))
-
-
-def context_length(model_dir: str | Path) -> int | None:
-    """A prepared model's context (max_position_embeddings of its config.json, or of its
-    text config), None where it names none."""
-    path = Path(model_dir) / "config.json"
-    from tokenflip.models.served_tokenizer import FILE
-
-    served = Path(model_dir) / FILE
-    if not path.is_file() and served.is_file():  # the model length the server's model list names
-        value = json.loads(served.read_text())["info"].get("max_model_len")
-        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-    if not path.is_file():
-        return None
-    fields = json.loads(path.read_text())
-    value = (fields.get("max_position_embeddings") if isinstance(fields, dict) else None) \
-        or text_fields(fields).get("max_position_embeddings")
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def model_problems(config: dict[str, Any]) -> Iterator[str]:
