@@ -1,4 +1,5 @@
-"""Counting a loop's device-to-host synchronisations, inside and outside the model's forward.
+"""Counting a loop's device-to-host synchronisations, inside and outside the model's forward,
+and the operations (kernel launches on CUDA) a piece of it issues.
 
 A synchronisation makes the host wait until the device has finished everything queued so
 far, so a decode loop that has one per statistic per step leaves the device idle between
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections import Counter
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -76,3 +78,27 @@ class HostSyncs:
     def __exit__(self, *exc) -> None:
         self._take_cuda_warnings()
         self._stack.close()
+
+
+def device_ops(fn) -> Counter:
+    """The ATen operations `fn` issues that do work on the tensors' device (views, aliases
+    and allocations left out), by name: on CUDA each is at least one kernel launch, and the
+    count is the same on a CPU build, where the dispatcher sees the same operations."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counted: Counter = Counter()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if not (func.is_view or name in NO_WORK):
+                counted[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        fn()
+    return counted
+
+
+# Operations that give a tensor without computing anything on the device.
+NO_WORK = frozenset({"empty", "empty_like", "empty_strided", "detach", "alias", "lift_fresh", "_to_copy_meta"})

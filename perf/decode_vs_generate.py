@@ -35,7 +35,8 @@ import torch
 from _syncs import HostSyncs
 
 from tokenflip.run import decode as decode_mod
-from tokenflip.run.decode import Generation, StepRecord, decode
+from tokenflip.run.decode import decode
+from tokenflip.run.step_record import Generation, StepRecord
 
 
 class TokensOnly(StepRecord):

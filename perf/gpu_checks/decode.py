@@ -54,7 +54,7 @@ def record_matches(generations, step_logits) -> bool:
     statistics `step_statistics` computes alone from each step's logits."""
     import numpy as np
 
-    from tokenflip.run.decode import step_statistics
+    from tokenflip.run.step_record import step_statistics
 
     for step, logits in enumerate(step_logits):
         expected = {name: t.cpu().numpy() for name, t in step_statistics(logits, 16).items()}

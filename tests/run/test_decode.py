@@ -11,8 +11,9 @@ import torch
 
 from tokenflip.models.prepare import load_prepared
 from tokenflip.run.benchmarks import build_benchmark
-from tokenflip.run.decode import decode, greedy, left_pad, step_statistics
+from tokenflip.run.decode import decode, greedy, left_pad
 from tokenflip.run.runtime import eos_ids, prompt_token_ids
+from tokenflip.run.step_record import step_statistics
 
 PROMPTS = ["Tom has 3 apples and buys 4 more. How many apples does he have?",
            "A box holds 12 eggs. How many eggs are in 5 boxes?",

@@ -13,8 +13,9 @@ import torch
 
 from conftest import REPO
 from tokenflip.models.prepare import load_prepared
-from tokenflip.run.decode import Generation, StepRecord, decode, left_pad, record_step
+from tokenflip.run.decode import decode, left_pad
 from tokenflip.run.heads import GatedFP32Head
+from tokenflip.run.step_record import Generation, StepRecord, record_step
 
 _spec = importlib.util.spec_from_file_location("perf_syncs", REPO / "perf" / "_syncs.py")
 perf_syncs = importlib.util.module_from_spec(_spec)
@@ -150,3 +151,40 @@ def test_host_work_per_step_does_not_grow_with_the_batch(prepared_models):
         short, long_ = (_python_calls_outside_forward(model, ids, mask, pad, steps) for steps in (4, 8))
         per_step[rows] = (long_ - short) / 4
     assert per_step[2] == per_step[4] > 0
+
+
+@pytest.mark.parametrize("batch", [1, 8, 32])
+def test_the_records_launches_per_step_eager_and_through_its_graph(batch):
+    """The operations the record issues a step (each a kernel launch or more on CUDA; the
+    dispatcher sees the same ones on a CPU build): 10 eagerly, at every batch size. Through
+    its CUDA graph the host issues 4 (the step's inputs copied in) and one replay; the
+    graph's body, run here without a capture, writes the eager record's values bit for bit
+    into the step's row and advances the step on the device."""
+    from collections import Counter
+
+    gen = torch.Generator().manual_seed(batch)
+    logits = [torch.randn(batch, 300, generator=gen) for _ in range(3)]
+    chosen = torch.randint(0, 300, (batch,), generator=gen)
+    unfinished = torch.rand(batch, generator=gen) > 0.3
+    fired = torch.rand(batch, generator=gen) > 0.5
+    eager, graphed = StepRecord(batch, 6, 5), StepRecord(batch, 6, 5)
+    before = Counter(StepRecord.graph_use)
+    with torch.inference_mode():
+        eager.add(logits[0], chosen, unfinished, None)
+        ops = perf_syncs.device_ops(lambda: eager.add(logits[1], chosen, unfinished, fired))
+        assert ops == {"topk": 1, "sub": 2, "logsumexp": 1, "exp": 1, "mul_": 1, "sum": 1, "neg_": 1, "copy_": 3}
+        assert sum(perf_syncs.device_ops(lambda: eager.add(logits[2], chosen, unfinished, None)).values()) == 10
+        graphed.add(logits[0], chosen, unfinished, None)
+        graphed._graph_inputs(logits[1], chosen, unfinished)
+        assert perf_syncs.device_ops(lambda: graphed._feed(logits[1], chosen, unfinished, fired)) == {"copy_": 4}
+        assert perf_syncs.device_ops(lambda: graphed._feed(logits[2], chosen, unfinished, None)) == \
+            {"copy_": 3, "zero_": 1}
+        graphed._feed(logits[1], chosen, unfinished, fired)
+        graphed._graph_body()
+        graphed._feed(logits[2], chosen, unfinished, None)
+        graphed._graph_body()
+    assert int(graphed.inputs["step"]) == 3
+    for name, buffer in eager.buffers.items():
+        assert buffer[:3].numpy().tobytes() == graphed.buffers[name][:3].numpy().tobytes(), name
+    assert eager.graph is None and eager.graph_note == "eager: not CUDA"
+    assert StepRecord.graph_use - before == Counter({"eager: not CUDA": 2})

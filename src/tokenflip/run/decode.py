@@ -13,13 +13,13 @@ the cache itself, and each form equals `generate()` with the same option.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from tokenflip.run.caches import CacheForm, Prefix
+from tokenflip.run.step_record import _EOS, _STOP, Generation, StepRecord
 
 # (fp32 logits [B, V], step) -> chosen token ids [B]
 TokenSelector = Callable[[torch.Tensor, int], torch.Tensor]
@@ -76,20 +76,6 @@ class StepHooks:
 
 
 @dataclass
-class Generation:
-    """One prompt's completion with its per-step record (one entry per generated token)."""
-
-    token_ids: list[int] = field(default_factory=list)
-    top_ids: list[np.ndarray] = field(default_factory=list)
-    top_logits: list[np.ndarray] = field(default_factory=list)
-    margin: list[float] = field(default_factory=list)
-    logsumexp: list[float] = field(default_factory=list)
-    entropy: list[float] = field(default_factory=list)
-    intervened: list[bool] = field(default_factory=list)
-    finish_reason: str = "length"
-
-
-@dataclass
 class BatchResult:
     generations: list[Generation]
     wall_seconds: float
@@ -106,115 +92,6 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[tor
             ids[row, width - len(seq):] = torch.tensor(list(seq), dtype=torch.long)
             mask[row, width - len(seq):] = 1
     return ids, mask
-
-
-def _statistics_buffers(shape: tuple[int, ...], k: int, device) -> dict[str, torch.Tensor]:
-    """Empty buffers for `step_statistics`: top-k ids (int64, as topk gives them) and logits
-    of shape [*shape, k], the other statistics [*shape]."""
-    return {"top_ids": torch.empty((*shape, k), dtype=torch.long, device=device),
-            "top_logits": torch.empty((*shape, k), dtype=torch.float32, device=device),
-            **{name: torch.empty(shape, dtype=torch.float32, device=device)
-               for name in ("margin", "logsumexp", "entropy")}}
-
-
-def step_statistics(logits: torch.Tensor, k: int, out: dict[str, torch.Tensor] | None = None,
-                    scratch: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """Top-k ids and logits, top-1 minus top-2 margin, logsumexp and entropy of fp32 logits.
-
-    With `out` (one step's buffers) and `scratch` (two [B, V] fp32 tensors) it writes into
-    them and allocates nothing, so a loop keeps every step on the device; the kernels and
-    so the values are the same either way."""
-    batch, vocab = logits.shape
-    out = _statistics_buffers((batch,), min(k, vocab), logits.device) if out is None else out
-    logp_buffer, p_buffer = scratch if scratch is not None else (None, None)
-    torch.topk(logits, k=out["top_ids"].shape[-1], dim=-1, out=(out["top_logits"], out["top_ids"]))
-    torch.sub(out["top_logits"][:, 0], out["top_logits"][:, 1], out=out["margin"])
-    lse = torch.logsumexp(logits, dim=-1, out=out["logsumexp"])
-    logp = torch.sub(logits, lse[:, None], out=logp_buffer)
-    # entropy = -sum(exp(logp) * logp)
-    torch.sum(torch.exp(logp, out=p_buffer).mul_(logp), dim=-1, out=out["entropy"]).neg_()
-    return out
-
-
-# Why a row ended, kept on the device as an index into this tuple while the batch runs.
-FINISH_REASONS = ("length", "eos", "stop")
-_EOS, _STOP = FINISH_REASONS.index("eos"), FINISH_REASONS.index("stop")
-
-
-class StepRecord:
-    """One batch's per-step record, kept on the logits' device in buffers sized for every
-    step: a step writes its statistics there without waiting for the device, and the whole
-    record moves to the host once, after the last step, in one transfer. The host's work
-    per step does not grow with the batch size."""
-
-    def __init__(self, batch: int, steps: int, k: int):
-        self.batch, self.capacity, self.k = batch, steps, k
-        self.steps = 0
-        self.buffers: dict[str, torch.Tensor] = {}
-
-    def _allocate(self, logits: torch.Tensor) -> None:
-        shape, device = (self.capacity, self.batch), logits.device
-        # 8-byte values first, so that each one's host view is aligned
-        self.buffers = {"chosen": torch.empty(shape, dtype=torch.long, device=device),
-                        **_statistics_buffers(shape, min(self.k, logits.shape[-1]), device),
-                        "active": torch.empty(shape, dtype=torch.bool, device=device),
-                        "intervened": torch.zeros(shape, dtype=torch.bool, device=device)}
-        self.scratch = (torch.empty_like(logits), torch.empty_like(logits))
-
-    def add(self, logits: torch.Tensor, chosen: torch.Tensor, unfinished: torch.Tensor,
-            fired: torch.Tensor | None) -> None:
-        """Record one step: fp32 logits [B, V], the chosen tokens, the rows still generating
-        (only they keep the step), and the rows an intervention fired on (None: none)."""
-        if not self.buffers:
-            self._allocate(logits)
-        step = {name: buffer[self.steps] for name, buffer in self.buffers.items()}
-        step_statistics(logits, self.k, out=step, scratch=self.scratch)
-        step["chosen"].copy_(chosen)
-        step["active"].copy_(unfinished)
-        if fired is not None:
-            step["intervened"].copy_(fired)
-        self.steps += 1
-
-    def append_to(self, generations: list[Generation], finish: torch.Tensor | None = None) -> None:
-        """Move the record to the host (one transfer) and append each row's steps to its
-        Generation; `finish` holds each row's index into FINISH_REASONS."""
-        tensors = {name: buffer[:self.steps] for name, buffer in self.buffers.items()}
-        if finish is not None:
-            tensors["finish"] = finish
-        host = _to_host(tensors)
-        if self.steps:
-            _append_steps(generations, host)
-        for gen, reason in zip(generations, host.get("finish", ())):
-            gen.finish_reason = FINISH_REASONS[reason]
-
-
-_NUMPY_DTYPES = {torch.long: np.int64, torch.float32: np.float32, torch.bool: np.bool_, torch.int8: np.int8}
-
-
-def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """Device tensors as host arrays, their bytes packed into one buffer so that they cross
-    in one transfer."""
-    packed = torch.cat([t.contiguous().view(torch.uint8).reshape(-1) for t in tensors.values()]).cpu().numpy()
-    out, offset = {}, 0
-    for name, t in tensors.items():
-        size = t.numel() * t.element_size()
-        out[name] = packed[offset:offset + size].view(_NUMPY_DTYPES[t.dtype]).reshape(tuple(t.shape))
-        offset += size
-    return out
-
-
-def _append_steps(generations: list[Generation], host: dict[str, np.ndarray]) -> None:
-    """Append to each row the steps it was active in, from host arrays [steps, batch, ...]."""
-    top_ids = host["top_ids"].astype(np.int32)
-    for row, gen in enumerate(generations):
-        kept = host["active"][:, row]
-        gen.token_ids.extend(host["chosen"][kept, row].tolist())
-        gen.top_ids.extend(top_ids[kept, row])
-        gen.top_logits.extend(host["top_logits"][kept, row])
-        gen.margin.extend(host["margin"][kept, row].tolist())
-        gen.logsumexp.extend(host["logsumexp"][kept, row].tolist())
-        gen.entropy.extend(host["entropy"][kept, row].tolist())
-        gen.intervened.extend(host["intervened"][kept, row].tolist())
 
 
 def _new_cache(model):
@@ -345,12 +222,3 @@ def decode(
     generations = [Generation() for _ in range(batch)]
     record.append_to(generations, finish)
     return BatchResult(generations, time.perf_counter() - start, steps)
-
-
-def record_step(generations: list[Generation], logits: torch.Tensor, chosen: torch.Tensor,
-                unfinished: torch.Tensor, k: int, fired: torch.Tensor | None) -> None:
-    """Append one step (chosen token, top-k, margin, logsumexp, entropy) to each unfinished
-    row: the record of engines that step outside `decode`, written as `decode` writes it."""
-    record = StepRecord(len(generations), 1, k)
-    record.add(logits, chosen, unfinished, fired)
-    record.append_to(generations)

@@ -227,7 +227,8 @@ class LlamaCpp:
         """Generate one prompt; a `decode.BatchResult` of one row, ended as `decode` ends it."""
         import torch
 
-        from tokenflip.run.decode import BatchResult, Generation, record_step
+        from tokenflip.run.decode import BatchResult
+        from tokenflip.run.step_record import Generation, record_step
 
         gen = Generation()
         sequence = list(prompt)

@@ -268,7 +268,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
 def _generation(read):
     import numpy as np
 
-    from tokenflip.run.decode import Generation
+    from tokenflip.run.step_record import Generation
 
     steps = len(read.token_ids)
     scores = read.top_scores

@@ -61,7 +61,7 @@ def generations(response: dict[str, Any], k: int):
     the top-1/top-2 margin; the full-vocabulary statistics vLLM does not return are NaN."""
     import numpy as np
 
-    from tokenflip.run.decode import Generation
+    from tokenflip.run.step_record import Generation
 
     out = []
     for row in response["outputs"]:
