@@ -18,7 +18,9 @@ device-to-host synchronisations per step, counted in an untimed run (`_syncs.Hos
 tensor conversions to the host everywhere, CUDA's sync debug mode on CUDA). A
 microbenchmark times the loop's record (`StepRecord.add`, its one transfer spread over the
 steps) on real last-step logits, and the same calls on logits 2k wide: the difference is
-the statistics' arithmetic, which a GPU runs on the device while the host goes on.
+the statistics' arithmetic, which a GPU runs on the device while the host goes on. The
+record's launches per step are counted (`_syncs.device_ops`): eagerly, and as the loop
+runs it (on CUDA, its CUDA graph's input copies and one replay).
 
   .venv/bin/python perf/decode_vs_generate.py [--quick]
   python perf/decode_vs_generate.py --model random-1b --device cuda     # gpu.sh
@@ -32,7 +34,7 @@ import time
 
 import _common as c
 import torch
-from _syncs import HostSyncs
+from _syncs import HostSyncs, device_ops
 
 from tokenflip.run import decode as decode_mod
 from tokenflip.run.decode import decode
@@ -94,6 +96,31 @@ def record_cost(model, ids, mask, k: int, device: str, reps: int) -> tuple[float
     return per_step[0], per_step[1]
 
 
+def record_launches(model, ids, mask, k: int, device: str) -> dict[str, object]:
+    """Operations a step of the record issues on this batch's logits (kernel launches on
+    CUDA; the same count on a CPU build): eagerly, and as the loop runs it (on CUDA its
+    graph's input copies and one replay), with the way it ran."""
+    with torch.inference_mode():
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                       logits_to_keep=1).logits[:, -1].to(copy=True, dtype=torch.float32)
+        chosen = torch.argmax(logits, dim=-1)
+        unfinished = torch.ones(ids.shape[0], dtype=torch.bool, device=logits.device)
+        counts: dict[str, object] = {}
+        saved = StepRecord.GRAPH
+        try:
+            for name, graph in (("eager", False), ("as run", True)):
+                StepRecord.GRAPH = graph
+                record = StepRecord(ids.shape[0], 4, k)
+                for _ in range(2):  # the first step allocates; the second captures, where it does
+                    record.add(logits, chosen, unfinished, None)
+                ops = device_ops(lambda: record.add(logits, chosen, unfinished, None))
+                counts[name] = sum(ops.values()) + (record.graph is not None)
+                counts[f"{name} way"] = record.graph_note
+        finally:
+            StepRecord.GRAPH = saved
+    return counts
+
+
 def count_syncs(model, variants: dict, device: str, new_tokens: int) -> dict[str, dict[str, float]]:
     """Device-to-host synchronisations per step of each variant, outside and inside the
     forward pass, from one untimed run each."""
@@ -115,6 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--new-tokens", type=int, default=None, help="default: 32 on a CPU (16 with --quick), 128 on CUDA")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default: 4, 3 with --quick; 10 on CUDA)")
+    p.add_argument("--probe-rounds", type=int, default=3, help="rounds of the untimed pass that times the forward "
+                   "pass on CUDA (its hooks synchronise)")
     p.add_argument("--top-k", type=int, default=16)
     args = p.parse_args(argv)
     c.setup(args)
@@ -168,7 +197,8 @@ def main(argv=None) -> int:
             for name in fwd:
                 fwd[name].clear()
             forward.active = True
-            probe = c.interleave(variants, 3, args.device, warmup=0, seed=args.seed, on_result=keep_result)
+            probe = c.interleave(variants, args.probe_rounds, args.device, warmup=0, seed=args.seed,
+                                 on_result=keep_result)
             forward.active = False
         else:
             probe = times
@@ -187,10 +217,12 @@ def main(argv=None) -> int:
         record, launch = record_cost(model, ids, mask, args.top_k, args.device, reps=50 if cuda else 20)
         arithmetic = max(record - launch, 0.0)
         syncs = count_syncs(model, variants, args.device, new_tokens)
+        launches = record_launches(model, ids, mask, args.top_k, args.device)
         at_equal_forward = (fwd_step + outside["generate"]) / (fwd_step + outside["decode"])
         rec_at_equal_forward = (fwd_step + outside["decode"]) / (fwd_step + outside["decode-norecord"]) - 1
         results[bs] = dict(speed=speed, rec=rec, micro=record / step, same=same, eq=at_equal_forward,
-                           rec_eq=rec_at_equal_forward, outside=outside, arithmetic=arithmetic, syncs=syncs)
+                           rec_eq=rec_at_equal_forward, outside=outside, arithmetic=arithmetic, syncs=syncs,
+                           launches=launches)
         print(f"\nbatch size {bs} (prompt {ids.shape[1]} tokens{', left-padded' if bs > 1 else ''}); "
               f"tokens identical across variants: {same}")
         for name in variants:
@@ -213,6 +245,8 @@ def main(argv=None) -> int:
         if cuda:
             print("  the same by CUDA's sync debug mode: " + ", ".join(
                 f"{name} {n['cuda_outside']:.2f} ({n['cuda_inside']:.2f})" for name, n in syncs.items()))
+        print(f"  record launches per step: eager {launches['eager']}, as the loop runs it {launches['as run']} "
+              f"({launches['as run way']})")
         print(f"  at equal forward time: decode / generate {at_equal_forward:.3f}x, recording "
               f"{100 * rec_at_equal_forward:+.2f}%")
         print(f"  record alone: {1e3 * record:.3f} ms per step = {100 * record / step:.2f}% of a step "
@@ -224,7 +258,8 @@ def main(argv=None) -> int:
         f"{1e3 * r['outside']['generate']:.2f} ({1e3 * (r['outside']['decode'] - r['arithmetic']):.2f} without the "
         f"statistics' arithmetic); syncs per step outside the forward {r['syncs']['decode']['outside']:.2f} vs "
         f"{r['syncs']['generate']['outside']:.2f}; recording {100 * (r['rec'][0] - 1):+.1f}% end to end, "
-        f"record {100 * r['micro']:.1f}% of a step" for bs, r in results.items()))
+        f"record {100 * r['micro']:.1f}% of a step, {r['launches']['as run']} launches a step "
+        f"({r['launches']['eager']} eager)" for bs, r in results.items()))
     print(f"runtime {time.perf_counter() - t_start:.0f} s")
     return 0 if all(r["same"] for r in results.values()) else 1
 

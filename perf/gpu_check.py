@@ -53,17 +53,53 @@ from gpu_checks.record import REPO, Recorder, call_with_timeout, log, run_group,
 DEFAULT_CARRY = PERF / "gpu-carry"
 
 PARTS = ("decode_equals_generate", "pipeline", "perf", "divergence")
-# Seconds per part before it is stopped. On CUDA they sum, with the grace below, the wheel
-# install and the start, to under 8 minutes. On a CPU with tiny shapes the parts need
-# about 1.5 minutes together; the budgets leave room for a machine shared with others.
+# The plan on CUDA, from the two H200 runs of 2026-12-04 (torch 2.11, CUDA 13.0): per part,
+# what was measured there, what this version should take, and its budget (seconds).
+H200_PLAN = {
+    "decode_equals_generate": ("24 checks in 59 s with the part's start (budget 187 s); at 75 s, the 3 llama bf16 "
+                               "checks were skipped (equal shares starved the costliest architecture)", 59, 59, 90),
+    "pipeline": ("13 Snakemake steps, 4 GPU cells, 141 s (at 100 s, 3 of 4 cells); now 3 cells, one GPU job's "
+                 "process, torch and CUDA start (about 20 s) fewer", 141, 120, 150),
+    "perf": ("decode_vs_generate at batch 1 and 8 in its 61 s share, cut before 32 (3 rounds and 3 probe rounds "
+             "of 48 tokens); interventions and cache_off_scaling within the rest (79 s); now 2 rounds and 2 probe "
+             "rounds, 3 intervention rounds", 140, 130, 145),
+    "divergence": ("3 architectures and the CPU vs CUDA check within its 75 s", 75, 70, 75),
+}
+# The install of the carried wheels and the check's own start (before the first part).
+H200_START = ("wheels installed and the check started", 20)
+# Seconds per part before it is stopped. On CUDA the plan's budgets; on a CPU with tiny
+# shapes the parts need about 1.5 minutes together; the budgets leave room for a machine
+# shared with others.
 BUDGETS = {
-    "cuda": {"decode_equals_generate": 75, "pipeline": 100, "perf": 140, "divergence": 75},
+    "cuda": {part: plan[3] for part, plan in H200_PLAN.items()},
     "cpu": {"decode_equals_generate": 60, "pipeline": 180, "perf": 90, "divergence": 60},
 }
 GRACE = 8  # seconds past a part's deadline before its process group is stopped
 # The whole run (after the wheels are installed), every part's grace and stop included: a
 # part gets at most what is left of it, so one call of `gpu.sh` stays under 8 minutes.
-TOTAL_BUDGETS = {"cuda": 440, "cpu": 600}
+TOTAL_BUDGETS = {"cuda": 460, "cpu": 600}
+LIMIT_S = 480  # what one call of the device machine may take
+
+
+def budget_plan(device: str, scale: float = 1.0) -> list[str]:
+    """The plan in words, printed before any part runs: each part's budget and what it rests
+    on, and the sum against one call's 8 minutes."""
+    budgets = {p: int(b * scale) for p, b in BUDGETS[device].items()}
+    lines = [f"# budget plan ({device}{f', x{scale:g}' if scale != 1 else ''}):"]
+    if device == "cuda":
+        for part, (measured, _, expected, _) in H200_PLAN.items():
+            lines.append(f"#   {part:24s} {budgets[part]:4d} s (expected {expected} s; H200: {measured})")
+        start = H200_START[1]
+        expected = start + sum(plan[2] for plan in H200_PLAN.values())
+        lines.append(f"#   {H200_START[0]}: about {start} s; parts expected {expected - start} s, budgeted "
+                     f"{sum(budgets.values())} s; the run is stopped at {TOTAL_BUDGETS['cuda'] * scale:.0f} s")
+        lines.append(f"#   total at most {start + TOTAL_BUDGETS['cuda'] * scale:.0f} s of the call's {LIMIT_S} s; "
+                     f"expected {expected} s (margin {LIMIT_S - expected} s)")
+    else:
+        lines += [f"#   {part:24s} {budgets[part]:4d} s" for part in budgets]
+        lines.append(f"#   the run is stopped at {TOTAL_BUDGETS[device] * scale:.0f} s")
+    return lines
+
 
 PART_FUNCTIONS = {"decode_equals_generate": part_decode_equals_generate, "pipeline": part_pipeline,
                   "perf": part_perf, "divergence": part_divergence}
@@ -86,6 +122,8 @@ def run_parts(args) -> int:
         f"from {env['transformers_path']}; shapes {args.shapes}")
     if env["differs_from_lock"]:
         log(f"# versions that differ from requirements.lock: {env['differs_from_lock']}")
+    result["plan"] = budget_plan(args.device, args.budget_scale)
+    log("\n".join(result["plan"]))
     write_json(out_json, result)
     total_end = started + TOTAL_BUDGETS[args.device] * args.budget_scale
     for part in args.parts:

@@ -38,10 +38,16 @@ def parse_decode_vs_generate(text: str) -> dict[str, Any]:
             "syncs_per_step_outside_forward": _per_variant(
                 re.search(r"synchronisations per step, outside the forward pass \(inside it\): (.*)", block),
                 r" ([\d.]+) \("),
+            "record_launches_per_step": _launches(re.search(
+                r"record launches per step: eager (\d+), as the loop runs it (\d+) \((.*)\)", block)),
             "cuda_syncs_per_step_outside_forward": _per_variant(
                 re.search(r"by CUDA's sync debug mode: (.*)", block), r" ([\d.]+) \("),
         }
     return out
+
+
+def _launches(line: re.Match | None) -> dict[str, Any]:
+    return {"eager": int(line.group(1)), "as_run": int(line.group(2)), "way": line.group(3)} if line else {}
 
 
 def _per_variant(line: re.Match | None, number: str) -> dict[str, float]:
@@ -80,11 +86,11 @@ def perf_runs(args) -> list[tuple[str, list[str], float, Callable[[str], dict]]]
     """(script, arguments, share of the part's time, parser) of each performance script."""
     if args.device == "cuda":
         model = ["--model", "random-7b", "--layers", str(args.perf_layers)]
-        return [("decode_vs_generate", [*model, "--new-tokens", "48", "--rounds", "3", "--batch-sizes", "1", "8", "32"],
-                 0.45, parse_decode_vs_generate),
-                ("interventions", [*model, "--new-tokens", "64", "--rounds", "5", "--prompts", "4"], 0.35,
+        return [("decode_vs_generate", [*model, "--new-tokens", "48", "--rounds", "2", "--probe-rounds", "2",
+                                        "--batch-sizes", "1", "8", "32"], 0.55, parse_decode_vs_generate),
+                ("interventions", [*model, "--new-tokens", "64", "--rounds", "3", "--prompts", "4"], 0.30,
                  parse_interventions),
-                ("cache_off_scaling", [*model, "--lengths", "32", "64", "128"], 0.20, parse_cache_off)]
+                ("cache_off_scaling", [*model, "--lengths", "32", "64", "128"], 0.15, parse_cache_off)]
     model = ["--model", "random-small"]
     return [("decode_vs_generate", [*model, "--new-tokens", "4", "--rounds", "1", "--batch-sizes", "1", "8"], 0.45,
              parse_decode_vs_generate),

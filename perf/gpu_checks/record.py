@@ -84,6 +84,12 @@ class Recorder:
         end = self.deadline if until is None else min(until, self.deadline)
         return end - time.time() > seconds
 
+    def leaving(self, seconds: float, later: int) -> float:
+        """The end of the time the item at hand may take, leaving `seconds` to each of the
+        `later` items after it (where items differ in cost, an equal share starves the
+        costliest)."""
+        return self.deadline - seconds * later
+
     def share(self, index: int, count: int) -> float:
         """The end of item `index`'s equal share of the time left, among `count` items."""
         return time.time() + self.left() / (count - index)

@@ -27,6 +27,23 @@ def _git(cwd, *args):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def test_the_cuda_plan_fits_one_call_of_8_minutes_with_a_margin():
+    """The budgets rest on what the parts took on an H200: each part's budget at least what
+    it should take, all of them within the run's stop, and the run with its start within
+    one call's 8 minutes; what they should take leaves a minute of it."""
+    plan = gpu_check.H200_PLAN
+    assert set(plan) == set(gpu_check.PARTS)
+    assert all(budget >= expected for _, _, expected, budget in plan.values())
+    assert sum(gpu_check.BUDGETS["cuda"].values()) <= gpu_check.TOTAL_BUDGETS["cuda"]
+    start = gpu_check.H200_START[1]
+    assert start + gpu_check.TOTAL_BUDGETS["cuda"] <= gpu_check.LIMIT_S == 480
+    expected = start + sum(p[2] for p in plan.values())
+    assert gpu_check.LIMIT_S - expected >= 60
+    lines = gpu_check.budget_plan("cuda")
+    assert lines[0] == "# budget plan (cuda):" and len(lines) == 1 + len(plan) + 2
+    assert lines[-1] == f"#   total at most 480 s of the call's 480 s; expected {expected} s (margin {480 - expected} s)"
+
+
 def test_transfer_budget_counts_tracked_and_untracked_files_not_ignored_ones(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -184,6 +201,9 @@ def test_gpu_check_passes_end_to_end_on_the_cpu(tmp_path, prepared_models):
         # 4 new tokens: one synchronisation per step, a fixed few per batch; generate() has more
         syncs = perf["decode_vs_generate"][bs]["syncs_per_step_outside_forward"]
         assert set(syncs) == set(host_ms) and 1 <= syncs["decode"] <= 1 + 3 / 4 and syncs["decode"] < syncs["generate"]
+        # the record's operations a step, eagerly and as run (on CUDA: its graph's 4 copies and a replay)
+        assert perf["decode_vs_generate"][bs]["record_launches_per_step"] == {"eager": 10, "as_run": 10,
+                                                                               "way": "eager: not CUDA"}
     assert {"C_gated_pct", "C_ungated_pct", "global_fp32_pct"} <= set(perf["interventions"])
     assert set(perf["cache_off_scaling"]["per_new_tokens"]) == {"4", "8"}
     assert "off_step_ms_per_context_token" in perf["cache_off_scaling"]
@@ -198,3 +218,5 @@ def test_gpu_check_passes_end_to_end_on_the_cpu(tmp_path, prepared_models):
 
     log = (out / "gpu-check.log").read_text()
     assert "all parts passed: True" in log
+    assert log.index("# budget plan (cpu, x3):") < log.index("== part decode_equals_generate")
+    assert result["plan"] == gpu_check.budget_plan("cpu", 3)
