@@ -41,7 +41,8 @@ def test_the_cuda_plan_fits_one_call_of_8_minutes_with_a_margin():
     assert gpu_check.LIMIT_S - expected >= 60
     lines = gpu_check.budget_plan("cuda")
     assert lines[0] == "# budget plan (cuda):" and len(lines) == 1 + len(plan) + 2
-    assert lines[-1] == f"#   total at most 480 s of the call's 480 s; expected {expected} s (margin {480 - expected} s)"
+    assert lines[-1] == (f"#   total at most 480 s of the call's 480 s; expected {expected} s "
+                         f"(margin {480 - expected} s)")
 
 
 def test_transfer_budget_counts_tracked_and_untracked_files_not_ignored_ones(tmp_path):
