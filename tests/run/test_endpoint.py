@@ -468,6 +468,19 @@ def test_audit_refuses_a_tokenizer_that_is_not_the_served_models_before_any_job(
     assert not (tmp_path / "audit-audit.yaml").exists() and not (tmp_path / "results").exists()
 
 
+def test_audit_of_a_server_whose_scores_are_no_numbers_ends_in_one_line_before_any_job(servers, proxy, tmp_path):
+    """What `tokenflip audit` asks a server before it writes the study (what it is, what its
+    scores are) is checked as a cell's answers are: one line naming the URL."""
+    proxy.script = [("rewrite", _set(["logprobs", "top_logprobs"], lambda v: [{"x": "high"}]))]
+    proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", proxy.url, "--model", NAME, "--server",
+                           "llama.cpp"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (f"tokenflip audit: error: the probe request: {proxy.url} answered top_logprobs that are not "
+                    f"finite numbers: \"[{{'x': 'high'}}]\""), last
+    assert not (tmp_path / "audit-audit.yaml").exists() and not (tmp_path / "results").exists()
+
+
 def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(servers, tmp_path):
     """`tokenflip audit URL --model NAME --against URL_B --api chat --prompts-file F` asks each
     server what it is, writes the study (each endpoint named by its host and port), runs it

@@ -42,7 +42,10 @@ def scores_kind(spec: dict[str, Any]) -> str:
     logprob (vLLM started with `--logprobs-mode raw_logits`)."""
     import asyncio
 
+    import math
+
     from tokenflip.run.engines.endpoint import client
+    from tokenflip.run.engines.endpoint.client import EndpointError
 
     body = {"model": spec["model"], "max_tokens": 2, "temperature": 0.0, "logprobs": 2, "prompt": "The"}
 
@@ -52,8 +55,13 @@ def scores_kind(spec: dict[str, Any]) -> str:
             return await client.request(api, {**spec, "api": "completions"}, body, "the probe request")
 
     answer = asyncio.run(ask())
-    tops = (answer.body["choices"][0].get("logprobs") or {}).get("top_logprobs") or []
-    values = [v for top in tops for v in (top or {}).values()]
+    choice = answer.body["choices"][0]
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    values = [v for top in tops if isinstance(top, dict) for v in top.values()] if isinstance(tops, list) else []
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise EndpointError(f"the probe request: {spec['url']} answered top_logprobs that are not finite numbers: "
+                            f"{str(tops)[:200]!r}")
     return "raw_logits" if any(v > 0 for v in values) else "logprobs"
 
 
