@@ -41,7 +41,6 @@ def scores_kind(spec: dict[str, Any]) -> str:
     """What the server's logprob fields hold, from one short request: a value above 0 is no
     logprob (vLLM started with `--logprobs-mode raw_logits`)."""
     import asyncio
-
     import math
 
     from tokenflip.run.engines.endpoint import client
