@@ -8,7 +8,8 @@ Faults: ("status", 503) answers that status with an error body; ("status", 429, 
 Retry-After; "malformed" answers 200 with a body that is not JSON; "drop" closes the
 connection without an answer; ("delay", seconds) waits, then forwards; ("rewrite", f)
 forwards and answers f(the server's JSON answer) instead (a server that answers what no
-server should); ("trickle", seconds) answers one byte every `seconds`; ("huge", n) answers n
+server should); ("trickle", seconds) answers one byte every `seconds`; ("slow-headers",
+seconds) the same in a header, before any body; ("huge", n) answers n
 bytes (a body that never ends, as far as a client can tell); ("gzip", n) answers n zero bytes
 gzip-compressed (a few KiB on the wire); ("redirect", url) answers 307 to `url`.
 """
@@ -89,6 +90,15 @@ class FaultProxy:
                     for _ in range(100000):
                         try:
                             self.wfile.write(b" ")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(fault[1])
+                elif kind == "slow-headers":
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nx-slow: ")
+                    for _ in range(100000):
+                        try:
+                            self.wfile.write(b"a")
                             self.wfile.flush()
                         except OSError:
                             return

@@ -282,6 +282,7 @@ def test_a_chat_answer_no_server_should_give_fails_the_cell_naming_the_request(s
 
 @pytest.mark.parametrize("fault, message", [
     (("trickle", 0.5), "did not finish its answer within 2 s in all"),
+    (("slow-headers", 0.5), "did not finish its answer within 2 s in all"),
     (("huge", 200 << 20), "answered more than 4,194,304 bytes: cut off"),
     (("gzip", 200 << 20), "answered more than 4,194,304 bytes: cut off"),
     (("redirect", "http://127.0.0.1:9/extras/tokenize"), "answered 307, a redirect to 'http://127.0.0.1:9/extras/"),

@@ -41,8 +41,8 @@ def step_statistics(logits: torch.Tensor, k: int, out: dict[str, torch.Tensor] |
     """Top-k ids and logits, top-1 minus top-2 margin, logsumexp and entropy of fp32 logits.
 
     With `out` (one step's buffers) and `scratch` (two [B, V] fp32 tensors) it writes into
-    them and allocates nothing, so a loop keeps every step on the device; the kernels and
-    so the values are the same either way."""
+    them and allocates no output of its own (logsumexp's temporaries aside), so a loop keeps
+    every step on the device; the kernels and so the values are the same either way."""
     batch, vocab = logits.shape
     out = _statistics_buffers((batch,), min(k, vocab), logits.device) if out is None else out
     logp_buffer, p_buffer = scratch if scratch is not None else (None, None)
@@ -103,6 +103,8 @@ class StepRecord:
         (only they keep the step), and the rows an intervention fired on (None: none)."""
         if not self.buffers:
             self._allocate(logits)
+        if self.steps >= self.capacity:  # on a graph, an overrun would be a device-side assert
+            raise IndexError(f"step {self.steps} of a record sized for {self.capacity}")
         if self.graph is not None:
             self._feed(logits, chosen, unfinished, fired)
             self.graph.replay()
@@ -155,20 +157,25 @@ class StepRecord:
         self._graph_inputs(logits, chosen, unfinished)
         try:
             self._feed(logits, chosen, unfinished, fired)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._graph_body()
+            graph = _captured(self._graph_body, logits.device)
+            # An empty graph (kernels run on another device's stream, say) must not pass for
+            # one: the row and the step are reset, so only a replay that does the work fills them.
+            for buffer in self.buffers.values():
+                buffer[self.steps].fill_(-1 if buffer.dtype != torch.bool else True)
+            self.inputs["step"].fill_(self.steps)
             graph.replay()
             row = {name: buffer[self.steps] for name, buffer in self.buffers.items()}
             alone = step_statistics(logits, self.k)
             alone.update(chosen=chosen, active=unfinished.to(torch.bool),
                          intervened=torch.zeros_like(row["intervened"]) if fired is None else fired.to(torch.bool))
             differs = [name for name, value in alone.items() if not _same_bits(row[name], value)]
+            if int(self.inputs["step"]) != self.steps + 1:
+                differs.append("the step it advances")
             if differs:
                 raise ValueError(f"its first replay differs from the eager record in {differs}")
         except Exception as exc:  # noqa: BLE001 - the eager record is always right: said, then used
-            self.graph_note = f"eager: the graph was dropped ({type(exc).__name__}: {exc})"[:300]
-            self.graph_use[self.graph_note] += 1
+            self.graph_note = f"eager: the graph was dropped ({type(exc).__name__}: {' '.join(str(exc).split())})"
+            self.graph_use[f"eager: the graph was dropped ({type(exc).__name__})"] += 1
             self._eager(logits, chosen, unfinished, fired)
             return
         self.graph, self.graph_note = graph, "graph"
@@ -190,12 +197,41 @@ class StepRecord:
 _NUMPY_DTYPES = {torch.long: np.int64, torch.float32: np.float32, torch.bool: np.bool_, torch.int8: np.int8}
 
 
+def _captured(body, device: torch.device):
+    """`body`'s kernels captured into a CUDA graph on `device`, on a side stream of that
+    device (capture is not allowed on the default stream), the current stream restored
+    whatever happens. A capture that fails leaves the CUDA state in doubt: graphs are then
+    off for the rest of the process (`StepRecord.GRAPH`)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device):
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(current)  # the inputs copied in on the current stream come first
+        try:
+            with torch.cuda.stream(side):
+                graph.capture_begin()
+                try:
+                    body()
+                finally:
+                    graph.capture_end()
+        except BaseException:
+            StepRecord.GRAPH = False
+            raise
+        finally:
+            torch.cuda.set_stream(current)
+        current.wait_stream(side)
+    return graph
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bit for bit (NaN included), of the same dtype and shape."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     if a.is_floating_point():
-        a, b = a.view(torch.int32), b.view(torch.int32)
+        a, b = a.view(_BITS[a.element_size()]), b.view(_BITS[b.element_size()])
     return bool(torch.equal(a, b))
 
 
