@@ -64,9 +64,12 @@ API_KEY_ENV ?=
 serve: $(STAMP) $(if $(filter vllm,$(SERVER)),$(VLLM_STAMP),$(LLAMA_CPP_STAMP))
 	$(BIN)/tokenflip serve $(SERVER) --port $(PORT) --precision $(PRECISION) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
 
-## test: the test suite (real models, real Snakemake, every engine)
+## test: the test suite (real models, real Snakemake, every engine), its files shared among
+## TEST_WORKERS processes (pytest-xdist; each file's tests in one process, so a module's server
+## or study is started once); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(LLAMA_CPP_STAMP) $(VLLM_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 clean-results:
 	rm -rf results/default reports/default logs/default
