@@ -112,4 +112,8 @@ def part_decode_equals_generate(rec: Recorder, args) -> None:
             free(args.device)
         del master
         free(args.device)
+    from tokenflip.run.step_record import StepRecord
+
+    # How the loop's record ran in these checks: through its CUDA graph, or eagerly and why.
+    rec.data["record_graph_use"] = dict(StepRecord.graph_use)
     rec.finish()

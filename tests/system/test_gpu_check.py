@@ -177,6 +177,7 @@ def test_gpu_check_passes_end_to_end_on_the_cpu(tmp_path, prepared_models):
     assert combos == set(itertools.product(["llama", "mistral", "gemma2"], ["fp16", "bf16"], [True, False], [1, 4]))
     assert all(c["tokens_equal"] and c["logits_equal"] and c["max_abs_logit_diff"] == 0.0 for c in checks)
     assert all(c["record_equal"] for c in checks)
+    assert set(parts["decode_equals_generate"]["record_graph_use"]) == {"eager: not CUDA"}  # on CUDA: "graph"
     models = parts["decode_equals_generate"]["models"]
     for arch in ("mistral", "gemma2"):  # the sliding window is crossed
         window = models[arch]["sliding_window"]
