@@ -171,6 +171,9 @@ def summary_table(result: dict[str, Any]) -> str:
         passed = sum(c.get("status") == "pass" for c in checks)
         lines.append(f"{part:24s} {data['status']:10s} {data.get('seconds', 0):6.0f}  {passed}/{len(checks)}, "
                      f"{len(data.get('skipped', []))} skipped")
+    use = result["parts"].get("decode_equals_generate", {}).get("record_graph_use")
+    if use:
+        lines.append("  the loop's record, batches by way: " + ", ".join(f"{way} {n}" for way, n in use.items()))
     perf = {c["name"]: c.get("figures", {}) for c in result["parts"].get("perf", {}).get("checks", [])}
     if perf.get("decode_vs_generate"):
         for bs, f in perf["decode_vs_generate"].items():
