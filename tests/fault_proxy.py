@@ -87,22 +87,10 @@ class FaultProxy:
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", "100000")
                     self.end_headers()
-                    for _ in range(100000):
-                        try:
-                            self.wfile.write(b" ")
-                            self.wfile.flush()
-                        except OSError:
-                            return
-                        time.sleep(fault[1])
+                    self._trickle(b" ", fault[1])
                 elif kind == "slow-headers":
                     self.wfile.write(b"HTTP/1.1 200 OK\r\nx-slow: ")
-                    for _ in range(100000):
-                        try:
-                            self.wfile.write(b"a")
-                            self.wfile.flush()
-                        except OSError:
-                            return
-                        time.sleep(fault[1])
+                    self._trickle(b"a", fault[1])
                 elif kind in ("huge", "gzip"):
                     payload = gzip.compress(b"0" * fault[1]) if kind == "gzip" else None
                     self.send_response(200)
@@ -131,6 +119,16 @@ class FaultProxy:
                     if kind == "delay":
                         time.sleep(fault[1])
                     self._forward(body)
+
+            def _trickle(self, byte, seconds):
+                """One byte every `seconds`, 100,000 times, until the client hangs up."""
+                for _ in range(100000):
+                    try:
+                        self.wfile.write(byte)
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    time.sleep(seconds)
 
             def _upstream(self, body):
                 """The real server's answer: (the answer, its body)."""

@@ -1,9 +1,10 @@
 """A request to a server tokenflip does not control, bounded: the whole answer within a
 deadline (a server sending one byte every few seconds, in its headers or its body, never
 holds a job), at most so many bytes after decompression (a gzip bomb or an endless body is
-cut off as it grows), and a redirect never followed (the key it carries would go to wherever it points). The completions
-themselves go through the `openai` client with the same bounds (`run/engines/endpoint/client`);
-this is for everything else a job asks a server: its model list, version, tokenizer routes.
+cut off as it grows), and a redirect never followed (the key it carries would go to wherever
+it points). The completions themselves go through the `openai` client with the same bounds
+(`run/engines/endpoint/client`); this is for everything else a job asks a server: its model
+list, version, tokenizer routes.
 """
 
 from __future__ import annotations

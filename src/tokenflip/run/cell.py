@@ -55,12 +55,8 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
     # The bound the pipeline's prompt check enforces first, here too for a job run by hand: an
     # engine sizes its cache (llama.cpp's n_ctx, a static cache) by max_new_tokens, so a
     # generation beyond the model's context would grow the job to the machine's memory.
-    context = context_length(model_dir)
-    if context is not None and job.max_new_tokens >= context:
-        raise runtime.PromptFormatError(
-            f"cell {cell.id}: max_new_tokens {job.max_new_tokens} leaves no position for a prompt in the model's "
-            f"context of {context} (max_position_embeddings; a static cache and llama.cpp's n_ctx are sized "
-            f"prompt + max_new_tokens)")
+    if problem := runtime.context_problem(f"cell {cell.id}", None, job.max_new_tokens, context_length(model_dir)):
+        raise runtime.PromptFormatError(problem)
     runtime.prepare_process(job.run_seed, job.threads, cell.deterministic)
     bench = build_benchmark(cell.benchmark, job.benchmark)
     if job.prompts is not None:

@@ -68,13 +68,17 @@ def check_prompts(tokenizer, bench, max_new_tokens: int | None = None, context: 
             "min_tokens": min(lengths), "max_tokens": max(lengths), "prompt_ids_sha256": digest.hexdigest()}
 
 
-def context_problem(where: str, longest_prompt: int, max_new_tokens: int, context: int | None) -> str | None:
-    """Why the longest prompt and the generation after it do not fit in the model's context."""
-    if context is None or longest_prompt + max_new_tokens <= context:
+def context_problem(where: str, longest_prompt: int | None, max_new_tokens: int, context: int | None) -> str | None:
+    """Why the longest prompt and the generation after it do not fit in the model's context
+    (`longest_prompt` None: the prompts are not encoded yet, and even one token must fit)."""
+    why = "(max_position_embeddings; a static cache and llama.cpp's n_ctx are sized prompt + max_new_tokens)"
+    if context is None or (longest_prompt or 1) + max_new_tokens <= context:
         return None
+    if longest_prompt is None:
+        return (f"{where}: max_new_tokens {max_new_tokens} leaves no position for a prompt in the model's context of "
+                f"{context} {why}")
     return (f"{where}: the longest prompt ({longest_prompt} tokens) and max_new_tokens {max_new_tokens} need "
-            f"{longest_prompt + max_new_tokens} positions, more than the model's context of {context} "
-            f"(max_position_embeddings; a static cache and llama.cpp's n_ctx are sized prompt + max_new_tokens)")
+            f"{longest_prompt + max_new_tokens} positions, more than the model's context of {context} {why}")
 
 
 def eos_ids(model, tokenizer) -> list[int]:

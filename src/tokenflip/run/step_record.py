@@ -26,7 +26,6 @@ class Generation:
     finish_reason: str = "length"
 
 
-
 def _statistics_buffers(shape: tuple[int, ...], k: int, device) -> dict[str, torch.Tensor]:
     """Empty buffers for `step_statistics`: top-k ids (int64, as topk gives them) and logits
     of shape [*shape, k], the other statistics [*shape]."""
@@ -92,9 +91,13 @@ class StepRecord:
                         "active": torch.empty(shape, dtype=torch.bool, device=device),
                         "intervened": torch.zeros(shape, dtype=torch.bool, device=device)}
         self.scratch = (torch.empty_like(logits), torch.empty_like(logits))
-        if device.type != "cuda" or not self.GRAPH or self.capacity < 3:
-            self.graph_note = ("eager: not CUDA" if device.type != "cuda" else "eager: TOKENFLIP_RECORD_GRAPH=0"
-                               if not self.GRAPH else "eager: fewer than 3 steps")
+        if device.type != "cuda":
+            self.graph_note = "eager: not CUDA"
+        elif not self.GRAPH:
+            self.graph_note = "eager: TOKENFLIP_RECORD_GRAPH=0"
+        elif self.capacity < 3:
+            self.graph_note = "eager: fewer than 3 steps"
+        if self.graph_note is not None:
             self.graph_use[self.graph_note] += 1
 
     def add(self, logits: torch.Tensor, chosen: torch.Tensor, unfinished: torch.Tensor,

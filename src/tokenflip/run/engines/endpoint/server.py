@@ -7,7 +7,6 @@ score, ids that do not spell the server's text, prompts the server counted other
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any, Callable
 
@@ -20,34 +19,25 @@ IDENTITY_HEADERS = ("server", "x-powered-by", "openai-version", "x-request-model
 
 def served_models(spec: dict[str, Any], timeout: float = 10.0) -> tuple[list[dict[str, Any]] | None, str]:
     """The server's model list (None if it does not answer one), and what answered."""
+    from tokenflip.core.bounded_http import fetch_json
     from tokenflip.run.engines.endpoint.client import api_key
 
     url = spec["url"].rstrip("/") + "/models"
     headers = {"Authorization": f"Bearer {api_key(spec)}"} if spec.get("api_key_env") else {}
-    try:
-        status, text = bounded_get(url, headers, timeout)
+    try:  # within core.bounded_http's bounds: a listing is small
+        status, answer, text = fetch_json("GET", url, headers=headers, timeout=timeout)
     except Exception as exc:  # any transport failure, or more than a model list can be: nothing answered
         return None, f"nothing answers at {url} ({type(exc).__name__}: {exc})"
     if status != 200:
-        return None, f"{url} answered {status}: {text[:200]!r}"
-    try:
-        data = json.loads(text)["data"]
-        assert isinstance(data, list) and all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data)
-    except Exception:
-        return None, f"{url} answered 200 with no model list: {text[:200]!r}"
+        return None, f"{url} answered {status}: {text!r}"
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not (isinstance(data, list) and all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data)):
+        return None, f"{url} answered 200 with no model list: {text!r}"
     return [bounded(m) for m in data], f"{url} lists {[m['id'][:200] for m in data][:50]}"
 
 
 # The longest string of a server's self-description kept.
 LONGEST_FIELD = 512
-
-
-def bounded_get(url: str, headers: dict[str, str], timeout: float) -> tuple[int, str]:
-    """GET `url`: its status and text, within `core.bounded_http`'s bounds (a listing is small)."""
-    from tokenflip.core.bounded_http import fetch
-
-    status, data = fetch("GET", url, headers=headers, timeout=timeout)
-    return status, data.decode("utf-8", "replace")
 
 
 def bounded(value: Any, depth: int = 0) -> Any:
@@ -147,15 +137,16 @@ def tokenizer_of(spec: dict[str, Any], prepared: str | None = None):
 def identity(spec: dict[str, Any]) -> dict[str, Any]:
     """The served model's entry (without what changes per call) and the version the server
     reports at /version, where it has one."""
+    from tokenflip.core.bounded_http import fetch_json
     from tokenflip.models.served_tokenizer import root_url
 
     models, _ = served_models(spec)
     entry = next((m for m in models or [] if m["id"] == spec["model"]), {})
     out: dict[str, Any] = {"model_entry": {k: v for k, v in entry.items() if k in MODEL_ENTRY_FIELDS}}
     try:
-        status, text = bounded_get(root_url(spec["url"]) + "/version", {}, 10.0)
-        if status == 200 and isinstance(json.loads(text), dict):
-            out["version"] = bounded(json.loads(text))
+        status, version, _ = fetch_json("GET", root_url(spec["url"]) + "/version", timeout=10.0)
+        if status == 200 and isinstance(version, dict):
+            out["version"] = bounded(version)
     except Exception:
         pass  # a server without /version, or with one larger than a version is
     return out
