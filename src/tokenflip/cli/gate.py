@@ -14,7 +14,7 @@ Exit 0: every comparison passed; 1: one failed; 3: none failed, one is inconclus
 usage error; 4: none failed and the gate cannot judge what it was asked (the run's summary
 cannot be read, holds nothing to gate, or a comparison gated has a cell missing). The noise floors
 (repeat pairs) are gated only where `--comparison` names them, on their own rate. A JUnit XML file (one test case per
-comparison: a failure, a pass, or an inconclusive skip) is written for CI systems.
+comparison: a failure, a pass, an inconclusive skip, or a missing comparison's error) is written for CI systems.
 """
 
 from __future__ import annotations
