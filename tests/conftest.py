@@ -46,6 +46,18 @@ def pytest_configure(config):
     logging.disable_progress_bar()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def caches_in_the_run_folder(tmp_path_factory):
+    """torch's compile cache and vLLM's sockets go in this run's temporary folder, which a
+    passing run removes, so repeated runs do not fill the machine's /tmp (gigabytes each)."""
+    root = tmp_path_factory.mktemp("caches")
+    for name, folder in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("VLLM_RPC_BASE_PATH", "vllm-ipc")):
+        if name not in os.environ:
+            (root / folder).mkdir()
+            os.environ[name] = str(root / folder)
+    yield
+
+
 @pytest.fixture(scope="session")
 def prepared_models(tmp_path_factory):
     """Prepare each model spec once per session; returns a function spec_name -> dir."""
