@@ -85,3 +85,31 @@ def test_a_block_made_with_other_software_is_not_joined_to_the_first(made, tmp_p
     assert json.loads(pq.read_schema(forged).metadata[b"tokenflip"])["environment"]["software"]["torch"] == "0.0.1"
     with pytest.raises(BlockError, match="environment.software.torch = '0.0.1'.*one model, software and machine"):
         join_blocks(job, [blocks[0], (str(forged), 4, 6)], tmp_path / "x.parquet")
+
+
+def test_a_cell_whose_engine_decoded_other_prompts_than_its_job_fails_naming_them(made):
+    """The runner's own check, whatever the engine: a block's job answered with the whole
+    benchmark (what an engine rebuilding the benchmark by itself would decode), a prompt
+    dropped, or two swapped, fails the cell before its rows are numbered."""
+    from types import SimpleNamespace
+
+    from tokenflip.run.benchmarks import job_benchmark
+    from tokenflip.run.cell import CellMismatch, check_decoded_prompts
+
+    job, _, _ = made
+    block = job.block(4, 6)
+    whole, part = job_benchmark(job).items(), job_benchmark(block).items()
+    assert [item.id for item in part] == [item.id for item in whole[4:6]]
+    check_decoded_prompts(block, job_benchmark(block), [SimpleNamespace(items=part)], "transformers")
+    cases = {
+        "the whole benchmark": ([SimpleNamespace(items=whole[0:2]), SimpleNamespace(items=whole[2:6])],
+                                f"decoded 6; they first differ at position 0 "
+                                f"\\({part[0].id} asked, {whole[0].id} decoded\\)"),
+        "one dropped": ([SimpleNamespace(items=part[:1])], f"decoded 1; they first differ at position 1 "
+                                                          f"\\({part[1].id} asked, none decoded\\)"),
+        "two swapped": ([SimpleNamespace(items=part[::-1])], "decoded 2; they first differ at position 0"),
+    }
+    asks = f"cell {job.cell.id}: the job asks prompts \\[4, 6\\), 2 in all, but engine 'x' "
+    for name, (batches, message) in cases.items():
+        with pytest.raises(CellMismatch, match=asks + message):
+            check_decoded_prompts(block, job_benchmark(block), batches, "x")

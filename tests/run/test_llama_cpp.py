@@ -151,6 +151,26 @@ def test_cache_off_shares_the_first_step_and_then_takes_another_path(cells):
     assert differs_later
 
 
+def test_a_block_job_decodes_only_its_blocks_prompts(cells, prepared_models, tmp_path):
+    """The engine's own process builds the job's prompts as the cell runner does: block [1, 2)
+    of the fp32 cell is its second prompt, bit for bit, and joins into the cell made at once."""
+    from tokenflip.core import storage
+    from tokenflip.run.cell import run_cell
+    from tokenflip.run.cell_output import join_blocks
+
+    job = _job("fp32", "on")
+    blocks = [(str(tmp_path / f"{first}-{end}.parquet"), first, end) for first, end in ((0, 1), (1, 2))]
+    run_cell(job.block(1, 2), prepared_models("smollm2"), blocks[1][0], progress=False)
+    second = storage.read_cell(blocks[1][0])[0].to_pylist()
+    whole = cells["fp32", "on"][0].to_pylist()
+    assert [row["prompt_index"] for row in second] == [1]
+    for column in ("prompt_id", "prompt_ids", "token_ids", "top_ids", "top_logits"):
+        assert second[0][column] == whole[1][column], column
+    run_cell(job.block(0, 1), prepared_models("smollm2"), blocks[0][0], progress=False)
+    meta = join_blocks(job, blocks, tmp_path / "joined.parquet")
+    assert meta["token_stream_sha256"] == cells["fp32", "on"][1]["token_stream_sha256"]
+
+
 @pytest.mark.slow
 def test_both_engines_read_the_same_prompt_ids(cells, prepared_models, tmp_path):
     from tokenflip.analysis import compare

@@ -14,30 +14,7 @@ from tokenflip.core.provenance import flatten_provenance
 from tokenflip.core.specs import CellJob
 from tokenflip.models.size import context_length
 from tokenflip.run import engines, runtime
-from tokenflip.run.benchmarks import build_benchmark
-
-
-class PromptBlock:
-    """Prompts [first, end) of a benchmark, which the block is in every other respect: what a
-    block's job decodes (`study.rounds`)."""
-
-    def __init__(self, bench, first: int, end: int | None) -> None:
-        self.bench, self.first, self.end = bench, first, end
-
-    def items(self):
-        from tokenflip.run.benchmarks import BenchmarkError
-
-        everything = self.bench.items()
-        if self.first >= len(everything):
-            raise BenchmarkError(f"benchmark {self.bench.name!r}: no prompts from {self.first} on (it has "
-                                 f"{len(everything)}): lower its n or rounds.max_prompts")
-        return everything[self.first:self.end]
-
-    def describe(self) -> dict[str, Any]:
-        return {**self.bench.describe(), "block": [self.first, self.end]}
-
-    def __getattr__(self, name: str):
-        return getattr(self.bench, name)
+from tokenflip.run.benchmarks import job_benchmark
 
 
 class CellMismatch(RuntimeError):
@@ -58,16 +35,30 @@ def run_cell(job: CellJob, model_dir: str | Path, out_path: str | Path, progress
     if problem := runtime.context_problem(f"cell {cell.id}", None, job.max_new_tokens, context_length(model_dir)):
         raise runtime.PromptFormatError(problem)
     runtime.prepare_process(job.run_seed, job.threads, cell.deterministic)
-    bench = build_benchmark(cell.benchmark, job.benchmark)
-    if job.prompts is not None:
-        bench = PromptBlock(bench, *job.prompts)
+    bench = job_benchmark(job)
     engine = engines.engine(cell.engine, {"endpoints": {cell.engine: job.endpoint}} if job.endpoint else None)
     decoded = engine.decode(job, bench, model_dir, progress)
+    check_decoded_prompts(job, bench, decoded.batches, engine.name)
     rows = score_batches(job, bench, decoded.batches, decoded.tokenizer)
     record = {**decoded.record, "environment": provenance.environment(decoded.device),
               "observed": {**decoded.observed, **observed(rows)}}
     check_ran_as_named(job, record, engine)
     return write_cell(job, bench, rows, decoded.eos, decoded.pad, record, out_path, decoded.unrecorded)
+
+
+def check_decoded_prompts(job: CellJob, bench, batches, engine: str) -> None:
+    """The engine decoded exactly the job's prompts, in order (a block's, when the job is
+    one): an engine that rebuilt the benchmark on its own, or dropped or reordered a prompt,
+    fails the cell here, before its rows are numbered and written."""
+    asked = [item.id for item in bench.items()]
+    decoded = [item.id for batch in batches for item in batch.items]
+    if decoded != asked:
+        where = next((i for i, (a, b) in enumerate(zip(asked, decoded)) if a != b), min(len(asked), len(decoded)))
+        span = "all its prompts" if job.prompts is None else f"prompts [{job.prompts[0]}, {job.prompts[1]})"
+        raise CellMismatch(f"cell {job.cell.id}: the job asks {span}, {len(asked)} in all, but engine {engine!r} "
+                           f"decoded {len(decoded)}; they first differ at position {where} "
+                           f"({asked[where] if where < len(asked) else 'none'} asked, "
+                           f"{decoded[where] if where < len(decoded) else 'none'} decoded)")
 
 
 def observed(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -56,6 +56,8 @@ __all__ = [
     "MATH_SYSTEM_PROMPT",
     "Source",
     "build_benchmark",
+    "job_benchmark",
+    "PromptBlock",
     "extract_answer",
     "normalize_answer",
     "answers_match",
@@ -101,3 +103,32 @@ def build_benchmark(name: str, spec: dict) -> Benchmark:
         return cls.from_spec(name, spec).configure(spec)
     except TypeError as exc:  # a value of the wrong shape reached the constructor
         raise BenchmarkError(f"benchmark {name!r} ({kind}): {exc}") from None
+
+
+def job_benchmark(job) -> Benchmark:
+    """The prompts a cell job decodes: its benchmark, narrowed to the job's block when it is
+    one (`job.prompts`). Every process that decodes a job builds its prompts here, the
+    engine's own included, so a block's job never decodes the whole benchmark."""
+    bench = build_benchmark(job.cell.benchmark, job.benchmark)
+    return bench if job.prompts is None else PromptBlock(bench, *job.prompts)
+
+
+class PromptBlock:
+    """Prompts [first, end) of a benchmark, which the block is in every other respect: what a
+    block's job decodes (`study.rounds`)."""
+
+    def __init__(self, bench, first: int, end: int | None) -> None:
+        self.bench, self.first, self.end = bench, first, end
+
+    def items(self):
+        everything = self.bench.items()
+        if self.first >= len(everything):
+            raise BenchmarkError(f"benchmark {self.bench.name!r}: no prompts from {self.first} on (it has "
+                                 f"{len(everything)}): lower its n or rounds.max_prompts")
+        return everything[self.first:self.end]
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.bench.describe(), "block": [self.first, self.end]}
+
+    def __getattr__(self, name: str):
+        return getattr(self.bench, name)

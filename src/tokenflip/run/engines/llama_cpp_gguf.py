@@ -103,11 +103,11 @@ def decode_in_process(job_json: dict[str, Any], model_dir: str, progress: bool) 
     """The engine's process: the job as the cell runner prepared its own, then the decode."""
     from tokenflip.core.specs import CellJob
     from tokenflip.run import runtime
-    from tokenflip.run.benchmarks import build_benchmark
+    from tokenflip.run.benchmarks import job_benchmark
 
     job = CellJob.from_json(job_json)
     runtime.prepare_process(job.run_seed, job.threads, job.cell.deterministic)
-    return decode_llama_cpp(job, build_benchmark(job.cell.benchmark, job.benchmark), model_dir, progress)
+    return decode_llama_cpp(job, job_benchmark(job), model_dir, progress)
 
 
 def disable_weight_repack() -> None:
