@@ -87,6 +87,20 @@ def test_a_block_made_with_other_software_is_not_joined_to_the_first(made, tmp_p
         join_blocks(job, [blocks[0], (str(forged), 4, 6)], tmp_path / "x.parquet")
 
 
+def test_a_block_holding_other_prompts_than_its_span_is_not_joined(made, tmp_path):
+    """A block file with the right settings whose rows are not its span (an older engine
+    that decoded the whole benchmark for a block) is refused naming the file and the rows."""
+    job, _, blocks = made
+    table, meta = storage.read_cell(blocks[0][0])
+    forged, short = tmp_path / "0-4.parquet", table.slice(0, 3).replace_schema_metadata({})
+    meta = {**meta, "token_stream_sha256": storage.token_stream_digest(short),
+            "logits_sha256": storage.logits_digest(short)}
+    storage.write_table(short, forged, {k: v for k, v in meta.items() if k not in ("schema_version", "table_sha256")})
+    with pytest.raises(BlockError, match="0-4.parquet: holds prompts 0 to 2, 3 rows, not \\[0, 4\\) \\(remove it"):
+        join_blocks(job, [(str(forged), 0, 4), blocks[1]], tmp_path / "x.parquet")
+    assert not (tmp_path / "x.parquet").exists()
+
+
 def test_a_cell_whose_engine_decoded_other_prompts_than_its_job_fails_naming_them(made):
     """The runner's own check, whatever the engine: a block's job answered with the whole
     benchmark (what an engine rebuilding the benchmark by itself would decode), a prompt

@@ -150,7 +150,9 @@ def join_blocks(job: CellJob, blocks: list[tuple[str, int, int | None]], out_pat
                              f"(remove it to make it again)")
         index = table.column("prompt_index").to_pylist()
         if index != list(range(first, first + len(index))) or (end is not None and first + len(index) != end):
-            raise BlockError(f"{path}: holds prompts {index[:1]}..{index[-1:]}, not [{first}, {end})")
+            held = f"prompts {index[0]} to {index[-1]}, {len(index)} rows" if index else "no prompts"
+            raise BlockError(f"{path}: holds {held}, not [{first}, {end}) "
+                             f"(remove it to make it again)")
         if metas:
             own, theirs = (({k: v for k, v in flatten_provenance(m).items()
                              if any(k == key or k.startswith(key + ".") for key in _BLOCK_SAME)})
