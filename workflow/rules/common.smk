@@ -77,11 +77,14 @@ BLOCKS_PLAN = json.dumps({"blocks": {name: blocks_of(config, name) for name in c
 # the next block; a cell's file joins the blocks its rounds took.
 JUDGED = tokenflip_rounds.judged_pairs(PAIRS) if rounds_on(config) else []
 JUDGED_CELLS = set(tokenflip_rounds.cells_of(JUDGED))
-if rounds_on(config):
+# Said once a run: Snakemake reads this file again in every job's process and after each
+# round's checkpoint, and they inherit the variable.
+if rounds_on(config) and not os.environ.get("TOKENFLIP_ROUNDS_SAID"):
     _worst = worst_case(config, CELLS)
     print(f"tokenflip: rounds: at most {_worst['rounds']} rounds, {_worst['blocks']} blocks, {_worst['prompts']} "
           f"prompts in all (when no comparison is decided before its maximum); a dry run lists the first round's "
           f"jobs, each later round's once the one before has decided", file=sys.stderr)
+    os.environ["TOKENFLIP_ROUNDS_SAID"] = "1"
 
 
 def round_record(number):
