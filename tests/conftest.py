@@ -49,13 +49,14 @@ def pytest_configure(config):
 @pytest.fixture(scope="session", autouse=True)
 def caches_in_the_run_folder(tmp_path_factory):
     """torch's compile cache and vLLM's sockets go in this run's temporary folder, which a
-    passing run removes, so repeated runs do not fill the machine's /tmp (gigabytes each)."""
+    passing run removes, so repeated runs do not fill the machine's /tmp (gigabytes each).
+    torch's precompiled headers (156 MB each) stay in the system's temp folder: torch derives
+    their path from it at import, whatever TORCHINDUCTOR_CACHE_DIR says."""
     root = tmp_path_factory.mktemp("caches")
     for name, folder in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("VLLM_RPC_BASE_PATH", "vllm-ipc")):
         if name not in os.environ:
             (root / folder).mkdir()
             os.environ[name] = str(root / folder)
-    yield
 
 
 @pytest.fixture(scope="session")
