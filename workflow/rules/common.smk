@@ -123,7 +123,7 @@ def round_inputs(wildcards):
 
 
 def round_question(wildcards):
-    return json.dumps(tokenflip_rounds.question(config, JUDGED, int(wildcards.round)), sort_keys=True)
+    return json.dumps(tokenflip_rounds.question(config, JUDGED, int(wildcards.round), len(PAIRS)), sort_keys=True)
 
 
 def benchmark_spec_json(wildcards):

@@ -40,4 +40,4 @@ checkpoint decide_round:
         from tokenflip.analysis.rounds import decide_round
 
         decide_round(config, LAYOUT, int(wildcards.round), JUDGED, input.previous[0] if input.previous else None,
-                     output[0])
+                     output[0], pairs=len(PAIRS))

@@ -1,41 +1,62 @@
-"""What a study's prompt counts can show, before it runs (`tokenflip plan`), in the figures of
-the rule the verdicts use (`analysis/paired.py`): per comparison, the rate a zero result
-would bound it at, the smallest rise above a floor of zero the paired exact test detects at
-80% power (summed exactly, not by a normal approximation), and, where the config states
-them (`verdict.bound`, `verdict.rise`), the prompts each takes."""
+"""What a study's rule can decide, before it runs (`tokenflip plan`), in the figures of the
+rule it runs (`analysis.decision`: its looks at the rounds' ends, its families, its margin),
+summed exactly over the counts at each look, not simulated: per comparison, the chance of
+deciding "changes outputs" by its maximum when it parts on a stated share of prompts more than
+a floor that parts on none (`verdict.rise`, else 10%), whether and when "within noise" is
+decided when nothing parts, and the prompts each needs (the one estimate every reader uses)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-POWER = 0.8
+RISE = 0.10
+
+
+def looks(config: dict[str, Any], benchmark: str) -> list[int] | None:
+    """The prompts a comparison of `benchmark` is looked at after (None: its n is not known
+    before the benchmark is read)."""
+    from tokenflip.study.rounds import block_ends, rounds_on
+
+    n = config["benchmarks"][benchmark].get("n")
+    ends = block_ends(config, benchmark) if rounds_on(config) else [n]
+    return None if None in ends else [int(e) for e in ends]
 
 
 def power_lines(config: dict[str, Any], pairs) -> list[str]:
-    from tokenflip.analysis.paired import detectable_rise, prompts_for_power
-    from tokenflip.analysis.verdict import prompts_for_bound, upper_bound
+    from tokenflip.analysis.decision import ALPHA, power, prompts_needed
+    from tokenflip.analysis.rounds import judged_pairs
 
-    lines = []
-    wanted = config.get("verdict") or {}
+    judged, intervals = len(judged_pairs(pairs)), len(pairs)
+    margin = config["verdict"]["margin"]
+    rise = (config.get("verdict") or {}).get("rise") or RISE
+    levels = {"margin": margin, "intervals": intervals, "judged": max(1, judged)}
+    lines = [f"the rule: {judged} comparisons judged against their noise floors (e-BH at {ALPHA:.0%} for \"changes "
+             f"outputs\"), {intervals} intervals each at {ALPHA / (2 * max(1, intervals)):.2g} a side (\"within "
+             f"±{margin:.0%}\" and the gate)"]
+    seen = set()
     for comp in config["comparisons"]:
         axis, a, b = comp["axis"], str(comp["a"]), str(comp["b"])
         mine = [p for p in pairs if p.axis == axis and str(p.a.value(axis)) == a and str(p.b.value(axis)) == b]
-        counts = sorted({config["benchmarks"][p.a.benchmark].get("n") for p in mine}, key=lambda n: (n is None, n))
-        where = f"comparison {axis}: {a} vs {b}"
-        for n in counts:
-            if n is None:
+        for bench in sorted({p.a.benchmark for p in mine}):
+            if (axis, a, b, bench) in seen:
+                continue
+            seen.add((axis, a, b, bench))
+            where = f"comparison {axis}: {a} vs {b} on {bench}"
+            at = looks(config, bench)
+            if at is None:
                 lines.append(f"{where}: a benchmark without `n` (its prompts are counted when it is read)")
                 continue
-            rise = detectable_rise(n, 0.0, POWER)
-            lines.append(f"{where}: {n} prompts a pair: 0 parted would bound the rate at {upper_bound(0, n):.1%} "
-                         f"(95%); against a floor of 0 the paired exact test "
-                         + (f"detects a rise of {rise:.1%} at 80% power" if rise is not None else
-                            "detects no rise at 80% power (too few prompts)"))
-        if wanted.get("bound") is not None and mine:
-            needed = prompts_for_bound(wanted["bound"])
-            lines.append(f"{where}: bounding the rate at {wanted['bound']:.1%} takes {needed} prompts a pair")
-        if wanted.get("rise") is not None and mine:
-            needed = prompts_for_power(wanted["rise"], 0.0, POWER)
-            lines.append(f"{where}: detecting a rise of {wanted['rise']:.1%} above a floor of 0 at 80% power takes "
-                         + (f"{needed} prompts a pair" if needed else "more than 20,000 prompts a pair"))
+            chance = power(at, rise, 0.0, "changes", **levels)
+            need_change = prompts_needed(rise, 0.0, "changes", **levels)
+            need_level = prompts_needed(0.0, 0.0, "within", **levels)
+            lines.append(
+                f"{where}: at most {at[-1]} prompts, looked at after {', '.join(map(str, at))}: parting on "
+                f"{rise:.0%} more prompts than a floor of 0, \"changes outputs\" is decided by then with probability "
+                f"{chance:.0%} ({_about(need_change)} for even odds); parting on none, \"within ±{margin:.0%}\" "
+                + (f"is decided after {need_level} prompts" if need_level and need_level <= at[-1] else
+                   f"needs {_about(need_level)}: not within this maximum"))
     return lines
+
+
+def _about(n: int | None) -> str:
+    return f"{n} prompts" if n else "more than 100,000 prompts"

@@ -260,8 +260,8 @@ def pair_rows(config: dict[str, Any], layout: RunLayout, cell_metas: dict[str, d
                 row.update(status="done", **compare.summarize(table), machine_a=meta["machines"]["a"],
                            machine_b=meta["machines"]["b"],
                            n_agree_without_answer=texts.answerless_agreements(table.to_pandas()))
-                df = table.select(["prompt_id", "identical", *FIRST_DIV_FIELDS, "n_tokens_a", "n_tokens_b"]
-                                  ).to_pandas()
+                df = table.select(["prompt_id", "identical", *FIRST_DIV_FIELDS, "n_tokens_a", "n_tokens_b",
+                                   "correct_a", "correct_b"]).to_pandas()
                 agreement[pair.id] = df.set_index("prompt_id")[["identical"]].rename(columns={"identical": "agree"})
                 per_prompt[pair.id] = df
                 for rec in df[df["first_div_step"].notna()][["prompt_id", *FIRST_DIV_FIELDS]].to_dict("records"):
@@ -330,26 +330,34 @@ def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
 
 
 def paired_outcomes(per_prompt: dict[str, pd.DataFrame]) -> dict[str, tuple[list, set]]:
-    """Each compared pair's prompts (in prompt order) and those that parted: what pairs a
-    comparison with its noise floor prompt by prompt (`verdict.with_verdicts`, `rounds`)."""
+    """Each compared pair's prompts (in drawn order) and those that parted: what pairs a
+    comparison with its noise floor prompt by prompt (`decision.with_decisions`)."""
     return {pid: (list(df["prompt_id"]), set(df.loc[~df["identical"].astype(bool), "prompt_id"]))
             for pid, df in per_prompt.items()}
 
 
 def verdict_rows(config: dict[str, Any], pairs: list[dict], per_prompt: dict[str, pd.DataFrame],
                  planned_pairs: list) -> list[dict]:
-    """The pair rows with their verdicts: the fixed-n rule, or, in a study of rounds, the
-    rule its rounds applied (`analysis.rounds`)."""
-    from tokenflip.analysis import rounds
-    from tokenflip.analysis.verdict import with_verdicts
-    from tokenflip.study.rounds import rounds_on
+    """The pair rows with their one verdict each, from the decision module: the rule every
+    round applied, at the rounds' looks (one look at n in a study without rounds)."""
+    from tokenflip.analysis import decision
+    from tokenflip.analysis.rounds import judged_pairs
+    from tokenflip.study.rounds import block_ends, rounds_on
 
     outcomes = paired_outcomes(per_prompt)
-    rows = with_verdicts(pairs, outcomes, config["verdict"]["margin"])
-    if not rounds_on(config):
-        return rows
-    order = {pid: prompts for pid, (prompts, _) in outcomes.items()}
-    return rounds.with_round_verdicts(rows, order, outcomes, config, rounds.judged_pairs(planned_pairs))
+
+    def looks_of(row: dict) -> list[int]:
+        n = len(outcomes[row["pair_id"]][0])
+        if not rounds_on(config):
+            return [n]
+        return [n if end is None else end for end in block_ends(config, row["benchmark"])]
+
+    correct = {pid: [(p, bool(a), bool(b)) for p, a, b in zip(df["prompt_id"], df["correct_a"], df["correct_b"])
+                     if a is not None and b is not None and not pd.isna(a) and not pd.isna(b)]
+               for pid, df in per_prompt.items()}
+    return decision.with_decisions(pairs, outcomes, looks_of, config["verdict"]["margin"],
+                                   judged=len(judged_pairs(planned_pairs)), intervals=len(planned_pairs),
+                                   correct=correct)
 
 
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:

@@ -1,32 +1,34 @@
 """`tokenflip gate RUN [--max-divergence X]`: a run's comparisons as a release decision in CI
-(the bound given, or the `gate` block the study's config declares). Each comparison's
-divergence above its noise floor (paired with it prompt by prompt, against each floor, as
-the verdicts are: `analysis/paired.py`; a comparison without a floor, on its own rate) is:
+(the bound given, or the `gate` block the study's config declares). The gate computes no test
+of its own: it reads each comparison's interval from the summary, the one the verdicts read
+(`analysis.decision`: the excess over its noise floors, against every floor; a comparison
+without a floor, and a floor gated by name, on its own rate), so it cannot contradict them:
 
-- **fail** where it is shown to exceed X (Tango's one-sided score test at α, Holm-adjusted
-  across the comparisons gated), or where accuracy dropped significantly (b below a, exact
-  McNemar p < α); with X = 0, where any prompt parted that its floor did not (zero tolerance);
-- **pass** where it is shown to be at most X (the upper end of its two-sided 1 − 2α interval);
-- **inconclusive** otherwise, with the prompts that would likely decide it;
+- **fail** where the interval's lower end is above X, or where the summary shows accuracy
+  dropped (e-BH over the comparisons scored);
+- **pass** where its upper end is at most X;
+- **inconclusive** otherwise, with the prompts that would decide it at the rates seen (the
+  decision module's one estimate);
 - **missing** where a cell of it did not finish: nothing was measured, so it is not judged.
 
-Exit 0: every comparison passed; 1: one failed; 3: none failed, one is inconclusive; 2: a
-usage error; 4: none failed and the gate cannot judge what it was asked (the run's summary
-cannot be read, holds nothing to gate, or a comparison gated has a cell missing). The noise floors
-(repeat pairs) are gated only where `--comparison` names them, on their own rate. A JUnit XML file (one test case per
-comparison: a failure, a pass, an inconclusive skip, or a missing comparison's error) is written for CI systems.
+Exit 0: every comparison passed; 1: one failed; 2: a usage error (no bound, an unknown
+comparison); 3: none failed, one is inconclusive; 4: none failed and the gate cannot judge what
+it was asked (the run's summary cannot be read, holds nothing to gate, or a comparison gated
+has a cell missing). A JUnit XML file (one test case per comparison: a failure, a pass, an
+inconclusive skip, or a missing comparison's error) is written for CI systems.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenflip.core.layout import gate_junit_of, summary_of
 
-ALPHA = 0.05
+USAGE = 2
 UNREADABLE = 4
 EXIT = {"pass": 0, "fail": 1, "inconclusive": 3, "missing": UNREADABLE}
 
@@ -35,100 +37,57 @@ EXIT = {"pass": 0, "fail": 1, "inconclusive": 3, "missing": UNREADABLE}
 class Outcome:
     result: str  # pass | fail | inconclusive | missing
     why: str
-    p_fail: float | None = None  # the p-value of "above X" (Holm-adjusted across the run before use)
-    figures: str = ""
 
 
-def _floors(row: dict):
-    from tokenflip.analysis.paired import PairedCounts
+def _number(row: dict, key: str) -> float | None:
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
 
+
+def _rates(row: dict) -> tuple[float, float]:
+    """The rates of +1 and −1 outcomes the row's interval was made from (its deciding floor's
+    paired counts, or its own rate)."""
     text = row.get("floors_paired")
-    return [PairedCounts(**c) for c in json.loads(text)] if isinstance(text, str) and text else []
+    if row.get("interval_of") == "excess" and isinstance(text, str) and text:
+        counts = json.loads(text)
+        n = max(1, int(counts[0]["n"]))
+        up, down = max((c["only_comparison"], c["only_floor"]) for c in counts)
+        return up / n, down / n
+    n = max(1, int(row["n_prompts"]))
+    return int(row["n_diverged"]) / n, 0.0
 
 
-def _prompts_to_decide(n: int, decides) -> str:
-    """Roughly how many prompts a pair would decide it, were its rates to stay as they are:
-    the fewest n' (searched geometrically, to 10^6) at which `decides(n')` holds."""
-    size = n + 1
-    while size <= 10 ** 6:
-        if decides(size):
-            return f"about {size} prompts a pair would decide it, were its rates to stay as they are"
-        size = max(size + 1, int(size * 1.25))
-    return "more than 10^6 prompts a pair would be needed, were its rates to stay as they are"
-
-
-def judge_row(row: dict, bound: float, alpha: float = ALPHA, tested: int = 1) -> Outcome:
-    """One done comparison against the bound, before the run-wide adjustment (over `tested`
-    comparisons)."""
-    from scipy.stats import binomtest
-    from statsmodels.stats.proportion import proportion_confint
-
-    from tokenflip.analysis.paired import p_excess_above, tango_interval
+def judge_row(row: dict, bound: float, intervals: int) -> Outcome:
+    """One done comparison against the bound, from its interval in the summary."""
+    from tokenflip.analysis.decision import prompts_needed
 
     k, n = int(row["n_diverged"]), int(row["n_prompts"])
-    floors = _floors(row) if row.get("axis") != "repeat" else []
     if n == 0:
         return Outcome("inconclusive", "no prompt was compared")
-    floor_itself = row.get("axis") == "repeat"
-    if bound == 0:  # zero tolerance: any prompt that parted where its floor(s) did not
-        above = min((f.only_comparison for f in floors), default=k)
-        what = ("where its floor did not" if floors else
-                "when the same setting ran again (a noise floor)" if floor_itself else "(no floor measured)")
-        return Outcome("fail", f"{above} of {n} prompts parted {what}, above --max-divergence 0") if above else \
-            Outcome("pass", f"no prompt parted {what}")
-    if floors:
-        spans = [tango_interval(f.only_comparison, f.only_floor, f.n, 2 * alpha) for f in floors]
-        p_fail = max(p_excess_above(f.only_comparison, f.only_floor, f.n, bound) for f in floors)
-        i = max(range(len(floors)), key=lambda j: spans[j][1])
-        estimate, (low, high), what = floors[i].excess, spans[i], f"above its floor of {floors[i].floor_rate:.1%}"
-        passed = all(hi <= bound for _, hi in spans)
-        b, c, m = floors[i].only_comparison, floors[i].only_floor, floors[i].n
-
-        def decides(size: int) -> bool:
-            b2, c2 = round(b * size / m), round(c * size / m)
-            if estimate > bound:
-                return p_excess_above(b2, c2, size, bound) * tested <= alpha
-            return tango_interval(b2, c2, size, 2 * alpha)[1] <= bound
-    else:
-        low, high = (float(v) for v in proportion_confint(k, n, alpha=2 * alpha, method="beta"))
-        p_fail, estimate = float(binomtest(k, n, bound, alternative="greater").pvalue), k / n
-        what = "(a noise floor, on its own rate)" if floor_itself else "(no floor)"
-        passed = high <= bound
-
-        def decides(size: int) -> bool:
-            k2 = round(k * size / n)
-            if estimate > bound:
-                return float(binomtest(k2, size, bound, alternative="greater").pvalue) * tested <= alpha
-            return float(proportion_confint(k2, size, alpha=2 * alpha, method="beta")[1]) <= bound
-    figures = f"{k} of {n} parted; {estimate:+.1%} {what}, {1 - 2 * alpha:.0%} interval {low:+.1%} to {high:+.1%}"
-    if passed:
-        return Outcome("pass", f"{figures}: at most --max-divergence {bound:.1%}", p_fail, figures)
-    return Outcome("inconclusive", f"{figures}: neither shown above nor at most --max-divergence {bound:.1%}; "
-                                   f"{_prompts_to_decide(n, decides)}", p_fail, figures)
+    low, high = _number(row, "interval_low"), _number(row, "interval_high")
+    what = "above its noise floor" if row.get("interval_of") == "excess" else "(its own rate: no floor)"
+    figures = f"{k} of {n} parted; {what} {low:+.1%} to {high:+.1%}"
+    if row.get("accuracy_dropped") is True:
+        drop = f"accuracy dropped from {row['accuracy_a']:.1%} to {row['accuracy_b']:.1%} (e-BH over the comparisons scored)"
+        return Outcome("fail", f"{figures}; {drop}" + (f"; above --max-divergence {bound:.1%}" if low > bound else ""))
+    if low > bound:
+        return Outcome("fail", f"{figures}: above --max-divergence {bound:.1%}")
+    if high <= bound:
+        return Outcome("pass", f"{figures}: at most --max-divergence {bound:.1%}")
+    up, down = _rates(row)
+    needed = prompts_needed(up, down, "gate", start=n, bound=bound, intervals=intervals)
+    more = (f"about {needed} prompts would decide it at the rates seen" if needed else
+            "more than 100,000 prompts would be needed at the rates seen")
+    return Outcome("inconclusive", f"{figures}: neither shown above nor at most --max-divergence {bound:.1%}; {more}")
 
 
-def outcomes(rows: list[dict], bound: float, alpha: float = ALPHA) -> list[Outcome]:
-    """Every row's outcome, "above X" decided by Holm's adjustment across the done rows."""
-    from statsmodels.stats.multitest import multipletests
-
-    tested = max(1, sum(r["status"] == "done" and int(r["n_prompts"]) > 0 for r in rows))
-    out = [judge_row(r, bound, alpha, tested) if r["status"] == "done" else
-           Outcome("missing", f"{r['status']}: a cell of this comparison did not finish ({_cells(r)}); "
-                              f"nothing to judge") for r in rows]
-    tested = [i for i, o in enumerate(out) if o.p_fail is not None]
-    if tested:
-        adjusted = multipletests([out[i].p_fail for i in tested], alpha=alpha, method="holm")[1]
-        for i, p in zip(tested, adjusted):
-            if p <= alpha:
-                out[i] = Outcome("fail", f"{out[i].figures}: above --max-divergence {bound:.1%} (Holm-adjusted p = "
-                                 f"{p:.3g} over {len(tested)} comparisons)", out[i].p_fail, out[i].figures)
-    for o, row in zip(out, rows):
-        if row["status"] == "done" and row["accuracy_b"] < row["accuracy_a"] and row["mcnemar_p"] < alpha:
-            drop = (f"accuracy dropped from {row['accuracy_a']:.1%} to {row['accuracy_b']:.1%} "
-                    f"(McNemar p = {row['mcnemar_p']:.3g})")
-            o.why = drop if o.result != "fail" else f"{o.why}; {drop}"
-            o.result = "fail"
-    return out
+def outcomes(rows: list[dict], bound: float) -> list[Outcome]:
+    """Every row's outcome (the intervals' family: the summary's, at the level it states)."""
+    intervals = max([1, *(int(r["intervals"]) for r in rows if _number(r, "intervals"))])
+    return [judge_row(r, bound, intervals) if r["status"] == "done" else
+            Outcome("missing", f"{r['status']}: a cell of this comparison did not finish ({_cells(r)}); "
+                               f"nothing to judge") for r in rows]
 
 
 def declared_gate(path: Path) -> dict:
@@ -145,7 +104,6 @@ def declared_gate(path: Path) -> dict:
 def cmd_gate(args) -> None:
     from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-    from tokenflip.analysis.summary import ResultError
     from tokenflip.core.storage import read_table
 
     path = summary_of(args.run, "pairs")
@@ -156,22 +114,25 @@ def cmd_gate(args) -> None:
         pairs = table.to_pandas()
     except Exception as exc:  # noqa: BLE001 - a truncated, edited or foreign file: its own message and code
         _unreadable(f"{path}: not a readable summary of pairs ({type(exc).__name__}: {exc})")
-    if "floors_paired" not in pairs.columns:
-        _unreadable(f"{path}: summarised before verdicts were paired prompt by prompt; summarise it again")
+    if not {"interval_low", "interval_high", "intervals"} <= set(pairs.columns):
+        _unreadable(f"{path}: summarised before every verdict came from one decision rule; summarise it again")
     declared = declared_gate(path)
     bound = args.max_divergence if args.max_divergence is not None else declared.get("max_divergence")
     if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
                                   and 0 <= bound <= 1):  # NaN fails both comparisons
         _unreadable(f"{path}: the study declares gate.max_divergence {bound!r}, not a share from 0 to 1")
     if bound is None:
-        raise ResultError(f"{path}: no bound to gate on: give --max-divergence, or declare one in the study's config "
-                          f"(gate: {{max_divergence: 0.05}}) and summarise it again")
+        _usage(f"{path}: no bound to gate on: give --max-divergence, or declare one in the study's config "
+               f"(gate: {{max_divergence: 0.05}}) and summarise it again")
     comparisons = args.comparison or (declared.get("comparisons") if args.max_divergence is None else None)
+    if comparisons is not None and (not isinstance(comparisons, list)
+                                    or not all(isinstance(c, str) for c in comparisons)):
+        _unreadable(f"{path}: the study declares gate.comparisons {str(comparisons)[:60]!r}, not a list of names")
     if comparisons:
         pairs = pairs[pairs["axis"].isin(comparisons) | pairs["label"].isin(comparisons)]
         if pairs.empty:
-            raise ResultError(f"{path}: no comparison matches {comparisons} (axes or labels such as "
-                              f"'concurrency: default vs 8')")
+            _usage(f"{path}: no comparison matches {comparisons} (axes or labels such as "
+                   f"'concurrency: default vs 8')")
     else:  # the noise floors are what the comparisons are judged against, gated only where named
         pairs = pairs[pairs["axis"] != "repeat"]
     if pairs.empty:
@@ -219,7 +180,6 @@ def cmd_gate(args) -> None:
 def unreadable_row(rows: list[dict]) -> str | None:
     """Why a pairs table cannot be gated (None if it can): a row without its identity or
     status, or a finished row whose counts are not whole numbers with parted ≤ compared."""
-    import math
 
     for i, row in enumerate(rows):
         if not all(isinstance(row.get(key), str) for key in ("pair_id", "label", "status")):
@@ -231,6 +191,10 @@ def unreadable_row(rows: list[dict]) -> str | None:
                    and c == int(c) for c in counts) or counts[1] > counts[0]:
             return (f"comparison {row['label']!r} ({row['pair_id']}): its counts {counts} are not prompts compared "
                     f"and parted; summarise the run again")
+        ends = [_number(row, "interval_low"), _number(row, "interval_high")]
+        if None in ends or not -1 <= ends[0] <= ends[1] <= 1 or not (_number(row, "intervals") or 0) >= 1:
+            return (f"comparison {row['label']!r} ({row['pair_id']}): its interval {ends} is not an interval of a "
+                    f"share; summarise the run again")
     return None
 
 
@@ -241,6 +205,11 @@ def _cells(row: dict) -> str:
 def _verdict(row: dict) -> str:
     """The row's verdict in words ("" where it has none: an unfinished comparison)."""
     return next((v for v in (row.get("verdict_words"), row.get("verdict")) if isinstance(v, str) and v), "")
+
+
+def _usage(message: str):
+    print(f"tokenflip gate: error: {message}", file=sys.stderr)
+    raise SystemExit(USAGE)
 
 
 def _unreadable(message: str):

@@ -13,7 +13,8 @@ from matplotlib.ticker import MaxNLocator
 
 from tokenflip.analysis.causes import CAUSES
 from tokenflip.analysis.compare import cause_column
-from tokenflip.analysis.verdict import floor_counts, larger_floor, repeat_floors, upper_bound
+from tokenflip.analysis.decision import repeat_floors
+from tokenflip.analysis.verdict import floor_counts, larger_floor, upper_bound
 from tokenflip.report.common import _svg, first_runs, in_words
 
 # The order the verdicts are listed in: what a release engineer acts on first.
@@ -48,7 +49,7 @@ def comparison_counts(pairs: pd.DataFrame) -> dict[str, int]:
     """What the header and the verdicts count, from one frame: the comparisons (the pairs
     between first runs, and the repeat pairs: `first_runs`), those finished (each has a
     verdict) and not, the pairs between second runs the pairs table lists beside them, and
-    how many were tested against a floor (the Benjamini–Hochberg family)."""
+    how many were judged against a floor (the e-BH family)."""
     if pairs.empty:
         return {"total": 0, "finished": 0, "unfinished": 0, "second_runs": 0, "tested": 0}
     first = first_runs(pairs)
@@ -73,7 +74,8 @@ def round_rows(pairs: pd.DataFrame) -> list[dict[str, Any]]:
         rows.append({"pair_id": r["pair_id"], "model": r["model"], "benchmark": r["benchmark"],
                      "comparison": f"{r['axis']}: {r['a']} vs {r['b']}", "context": r["context"],
                      "verdict": r["verdict"], "round": int(r["round_decided"]) if decided else None,
-                     "prompts": int(r["prompts_decided"]) if decided else int(r["n_prompts"]),
+                     "prompts": int(r["prompts_decided"]) if not pd.isna(r.get("prompts_decided"))
+                     else int(r["n_prompts"]),
                      "stopped_at_maximum": not decided,
                      "prompts_needed": int(needed) if needed is not None and not pd.isna(needed) else None,
                      "words": r["verdict_words"]})
