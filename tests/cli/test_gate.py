@@ -1,7 +1,7 @@
-"""`tokenflip gate`: three outcomes, consistent with the verdicts. A comparison fails where its
-divergence above its noise floor is shown to exceed the bound (or accuracy dropped
-significantly), passes where it is shown to be at most the bound, and is inconclusive
-otherwise, saying how many prompts would decide it; exit 0, 1 or 3, a JUnit file that a
+"""`tokenflip gate`: three outcomes, read from the verdicts' own intervals (`analysis.decision`).
+A comparison fails where the interval of its excess over its noise floor lies above the bound
+(or accuracy is shown to drop), passes where it lies at or below it, and is inconclusive
+otherwise, saying how many prompts would decide it; usage errors exit 2; exit 0, 1 or 3, a JUnit file that a
 JUnit parser loads (inconclusive: skipped), and what it cannot judge (a cell missing, an
 unreadable run) its own code, 4."""
 
@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from junitparser import JUnitXml
 
-from tokenflip.analysis.verdict import with_verdicts
+from tokenflip.analysis.decision import interval, with_decisions
 
-N = 64
+N = 200
 
 
 def _row(label, n_diverged, n=N, acc_a=0.5, acc_b=0.5, mcnemar_p=1.0, axis="concurrency", status="done",
@@ -32,14 +32,22 @@ def _row(label, n_diverged, n=N, acc_a=0.5, acc_b=0.5, mcnemar_p=1.0, axis="conc
             "divergence_ci_high": hi, "accuracy_a": acc_a, "accuracy_b": acc_b, "mcnemar_p": mcnemar_p}
 
 
-def _floor(parted=0):
+def _floor(parted=0, n=N):
     """The repeat pair of cell "base": the same setting run again, `parted` prompts parting."""
-    return _row("again", parted, axis="repeat", cell_a="base")
+    return _row("again", parted, n=n, axis="repeat", cell_a="base")
+
+
+def with_verdicts(rows, outcomes):
+    """The summary's rows as `summarize` makes them: one look at all prompts; each side's
+    accuracy on its first accuracy × n prompts."""
+    correct = {r["pair_id"]: [(f"p{i}", i < r["accuracy_a"] * r["n_prompts"], i < r["accuracy_b"] * r["n_prompts"])
+                              for i in range(r["n_prompts"])] for r in rows}
+    return with_decisions(rows, outcomes, lambda r: [r["n_prompts"]], correct=correct)
 
 
 def _summary(tmp_path, rows):
     """The pairs summary of `rows`, each pair parting on its first n_diverged prompts."""
-    outcomes = {r["pair_id"]: ({f"p{i}" for i in range(r["n_prompts"])},
+    outcomes = {r["pair_id"]: ([f"p{i}" for i in range(r["n_prompts"])],
                                {f"p{i}" for i in range(r["n_diverged"])}) for r in rows}
     _write(tmp_path, with_verdicts(rows, outcomes))
 
@@ -79,14 +87,14 @@ def _cases(path):
     return {case.classname: case for suite in JUnitXml.fromfile(str(path)) for case in suite}
 
 
-def test_the_gate_fails_passes_and_stays_inconclusive_where_the_figures_say(tmp_path):
+def test_the_gate_fails_passes_and_stays_inconclusive_where_the_intervals_say(tmp_path):
     rows = [
         _floor(0),                                          # the base setting repeats itself on every prompt
-        _row("quiet", 0, cell_a="base"),                    # none parted: paired 90% interval ±4.1 pp, within 5%
-        _row("noisy", 3, cell_a="base"),                    # 3 of 64 above a floor of 0: +0.4 to +11.2 pp
-        _row("loud", 20, cell_a="base"),                    # 20 of 64: +22.6 to +41.4 pp, above 5%
-        _row("worse", 0, acc_a=0.75, acc_b=0.25, mcnemar_p=0.001, cell_a="base"),  # accuracy fell
-        _row("better", 0, acc_a=0.25, acc_b=0.75, mcnemar_p=0.001, cell_a="base"),  # rose: not a failure
+        _row("quiet", 0, cell_a="base"),                    # none parted: the interval within ±4 pp
+        _row("noisy", 10, cell_a="base"),                   # 10 of 200 above a floor of 0: straddles 5%
+        _row("loud", 40, cell_a="base"),                    # 40 of 200: wholly above 5%
+        _row("worse", 0, acc_a=0.75, acc_b=0.25, cell_a="base"),  # accuracy fell on 100 prompts
+        _row("better", 0, acc_a=0.25, acc_b=0.75, cell_a="base"),  # rose: not a failure
         _row("lost", 0, status="missing"),
     ]
     proc = _run(tmp_path, rows, "--max-divergence", "0.05")
@@ -95,11 +103,12 @@ def test_the_gate_fails_passes_and_stays_inconclusive_where_the_figures_say(tmp_
     assert ("6 comparison(s) at --max-divergence 5.0%: 2 passed, 2 failed, 1 inconclusive, 1 not judged (a cell "
             "missing)") in proc.stderr
     lines = {line.split(" [")[0]: line for line in proc.stderr.splitlines() if line.split(" ")[0].isupper()}
+    low, high = interval(40, 160, 0, intervals=7)
     assert lines["FAIL concurrency: loud"].startswith(
-        "FAIL concurrency: loud [ctx]: 20 of 64 parted; +31.2% above its floor of 0.0%, 90% interval +22.6% to "
-        "+41.4%: above --max-divergence 5.0% (Holm-adjusted p = ")
-    assert "accuracy dropped from 75.0% to 25.0% (McNemar p = 0.001)" in lines["FAIL concurrency: worse"]
-    assert "neither shown above nor at most --max-divergence 5.0%; about " in lines["INCONCLUSIVE concurrency: noisy"]
+        f"FAIL concurrency: loud [ctx]: 40 of 200 parted; above its noise floor {low:+.1%} to {high:+.1%}: above "
+        f"--max-divergence 5.0%; verdict: changes outputs")
+    assert "accuracy dropped from 75.0% to 25.0% (e-BH over the comparisons scored)" in lines["FAIL concurrency: worse"]
+    assert "neither shown above nor at most --max-divergence 5.0%; " in lines["INCONCLUSIVE concurrency: noisy"]
     assert lines["MISSING concurrency: lost"] == ("MISSING concurrency: lost [ctx]: missing: a cell of this comparison "
                                                   "did not finish (lost-a vs lost-b); nothing to judge; verdict: none")
     cases = _cases(tmp_path / "gate.junit.xml")
@@ -111,8 +120,30 @@ def test_the_gate_fails_passes_and_stays_inconclusive_where_the_figures_say(tmp_
     assert [suite.get(k) for k in ("tests", "failures", "skipped", "errors")] == ["6", "2", "1", "1"]
 
 
+def test_the_gate_never_contradicts_the_verdict(tmp_path):
+    """Over every other count of 40 prompts against a floor of 0, at bounds 0 to 50%: a gate
+    fail is always a "changes outputs" verdict, and a "within noise" one (±30 pp) always passes
+    at a bound of at least its margin."""
+    from tokenflip.cli.gate import judge_row
+
+    rows = [_floor(0, n=40)] + [_row(f"k{k}", k, n=40, cell_a="base") for k in range(0, 41, 2)]
+    out = with_decisions(rows, {r["pair_id"]: ([f"p{i}" for i in range(40)],
+                                               {f"p{i}" for i in range(r["n_diverged"])}) for r in rows},
+                         lambda r: [40], margin=0.3)
+    seen = set()
+    for r in out[1:]:
+        for bound in (0.0, 0.1, 0.3, 0.5):
+            result = judge_row(r, bound, int(r["intervals"])).result
+            seen.add((r["verdict"], result))
+            if result == "fail":
+                assert r["verdict"] == "changes outputs", (r["n_diverged"], bound)
+            if r["verdict"] == "within noise" and bound >= 0.3:
+                assert result == "pass"
+    assert {("within noise", "pass"), ("changes outputs", "fail")} <= seen  # neither check is vacuous
+
+
 def test_inconclusive_exits_3_only_where_nothing_failed_and_a_passing_run_exits_0(tmp_path):
-    proc = _run(tmp_path, [_floor(0), _row("quiet", 0, cell_a="base"), _row("noisy", 3, cell_a="base")],
+    proc = _run(tmp_path, [_floor(0), _row("quiet", 0, cell_a="base"), _row("noisy", 10, cell_a="base")],
                 "--max-divergence", "0.05")
     assert proc.returncode == 3, proc.stderr
     assert "1 passed, 0 failed, 1 inconclusive" in proc.stderr
@@ -130,10 +161,10 @@ def test_a_comparison_with_a_cell_missing_is_not_judged_and_exits_4_unless_anoth
     assert "1 passed, 0 failed, 0 inconclusive, 1 not judged" in proc.stderr
     assert "(lost-a vs lost-b)" in proc.stderr
     assert "1 comparison(s) gated have a cell that did not finish" in proc.stderr
-    proc = _run(tmp_path, [*base, _row("noisy", 3, cell_a="base"), _row("lost", 0, status="missing")],
+    proc = _run(tmp_path, [*base, _row("noisy", 10, cell_a="base"), _row("lost", 0, status="missing")],
                 "--max-divergence", "0.05")
     assert proc.returncode == 4, proc.stderr  # missing outranks inconclusive: more prompts would not help it
-    proc = _run(tmp_path, [*base, _row("loud", 20, cell_a="base"), _row("lost", 0, status="missing")],
+    proc = _run(tmp_path, [*base, _row("loud", 40, cell_a="base"), _row("lost", 0, status="missing")],
                 "--max-divergence", "0.05")
     assert proc.returncode == 1, proc.stderr
     # Only the comparisons asked for: the others gated alone pass.
@@ -141,27 +172,25 @@ def test_a_comparison_with_a_cell_missing_is_not_judged_and_exits_4_unless_anoth
     assert proc.returncode == 0, proc.stderr
 
 
-def test_a_bound_of_zero_fails_on_any_prompt_parted_above_the_floor_and_one_passes_everything(tmp_path):
-    """Zero tolerance (the batch-invariance tests' own rule): a prompt that parted where the
-    floor did not fails; partings the floor shares do not."""
-    rows = [_floor(2), _row("shared", 2, cell_a="base"), _row("more", 3, cell_a="base"), _row("alone", 1)]
+def test_a_bound_of_zero_fails_only_what_is_shown_above_the_floor(tmp_path):
+    """A bound of 0 is a bound like any other: fail where the interval lies above 0 (the
+    verdict "changes outputs"), never pass short of the whole benchmark, and a noise floor gated
+    by name is judged on its own rate."""
+    rows = [_floor(2), _row("shared", 2, cell_a="base"), _row("more", 60, cell_a="base"), _row("alone", 1)]
     proc = _run(tmp_path, rows, "--max-divergence", "0")
     assert proc.returncode == 1, proc.stderr
     fails = sorted(line.split(" [")[0] for line in proc.stderr.splitlines() if line.startswith("FAIL"))
-    assert fails == ["FAIL concurrency: alone", "FAIL concurrency: more"]
-    assert "1 of 64 prompts parted where its floor did not, above --max-divergence 0" in proc.stderr
+    assert fails == ["FAIL concurrency: more"]
+    assert "INCONCLUSIVE concurrency: shared" in proc.stderr and "INCONCLUSIVE concurrency: alone" in proc.stderr
     assert _gate(tmp_path, "--max-divergence", "1").returncode == 0
-    # A noise floor is gated where it is named, on its own rate, and said to be one.
-    proc = _gate(tmp_path, "--max-divergence", "0", "--comparison", "repeat")
-    assert proc.returncode == 1 and "2 of 64 prompts parted when the same setting ran again (a noise floor)" \
-        in proc.stderr
+    proc = _gate(tmp_path, "--max-divergence", "0.5", "--comparison", "repeat")
+    assert proc.returncode == 0 and "1 passed" in proc.stderr
 
 
-def test_holm_keeps_many_borderline_comparisons_from_failing_by_chance(tmp_path):
-    """One comparison just shown above the bound fails alone; among twenty it is adjusted."""
-    from tokenflip.analysis.paired import p_excess_above
-
-    k = next(k for k in range(64) if p_excess_above(k, 0, N, 0.05) < 0.05)  # the fewest that fail alone
+def test_many_comparisons_widen_every_interval_the_gate_reads(tmp_path):
+    """One comparison just above the bound alone fails; among twenty more its interval is at
+    α/(2·22) a side and reaches below the bound: inconclusive, never a chance failure."""
+    k = next(k for k in range(N) if interval(k, N - k, 0, intervals=2)[0] > 0.05)  # the fewest that fail alone
     assert _run(tmp_path, [_floor(0), _row("edge", k, cell_a="base")], "--max-divergence", "0.05").returncode == 1
     rows = [_floor(0), _row("edge", k, cell_a="base")] + [_row(f"q{i}", 0, cell_a="base") for i in range(20)]
     proc = _run(tmp_path, rows, "--max-divergence", "0.05")
@@ -169,9 +198,18 @@ def test_holm_keeps_many_borderline_comparisons_from_failing_by_chance(tmp_path)
 
 
 def test_a_comparison_without_a_floor_is_gated_on_its_own_rate(tmp_path):
-    proc = _run(tmp_path, [_row("loud", 20), _row("quiet", 0, n=200)], "--max-divergence", "0.05")
-    assert proc.returncode == 1 and "FAIL concurrency: loud [ctx]: 20 of 64 parted; +31.2% (no floor)" in proc.stderr
-    assert "INCONCLUSIVE concurrency: quiet" not in proc.stderr  # 0 of 200: at most 1.5%
+    proc = _run(tmp_path, [_row("loud", 40), _row("quiet", 0, n=400)], "--max-divergence", "0.05")
+    assert proc.returncode == 1 and "FAIL concurrency: loud [ctx]: 40 of 200 parted; (its own rate: no floor)" \
+        in proc.stderr
+    assert "INCONCLUSIVE concurrency: quiet" not in proc.stderr  # 0 of 400: at most about 2%
+
+
+def test_usage_errors_exit_2(tmp_path):
+    _summary(tmp_path, [_floor(0), _row("quiet", 0, cell_a="base")])
+    proc = _gate(tmp_path, "--max-divergence", "0.05", "--comparison", "no-such-axis")
+    assert proc.returncode == 2 and "no comparison matches ['no-such-axis']" in proc.stderr
+    proc = _gate(tmp_path)
+    assert proc.returncode == 2 and "no bound to gate on" in proc.stderr
 
 
 @pytest.mark.parametrize("bound", ["-0.1", "1.5", "nan"])
@@ -199,9 +237,9 @@ def test_the_gate_a_study_declares_travels_with_its_summary(tmp_path):
 
     from tokenflip.core import storage
 
-    rows = [_floor(0), _row("loud", 20, cell_a="base"), _row("quiet", 0, axis="load", cell_a="base"),
-            _row("big", 20, axis="order", cell_a="base")]
-    outcomes = {r["pair_id"]: ({f"p{i}" for i in range(N)}, {f"p{i}" for i in range(r["n_diverged"])}) for r in rows}
+    rows = [_floor(0), _row("loud", 40, cell_a="base"), _row("quiet", 0, axis="load", cell_a="base"),
+            _row("big", 40, axis="order", cell_a="base")]
+    outcomes = {r["pair_id"]: ([f"p{i}" for i in range(N)], {f"p{i}" for i in range(r["n_diverged"])}) for r in rows}
     judged = with_verdicts(rows, outcomes)
     (tmp_path / "summary").mkdir()
     path = tmp_path / "summary" / "pairs.parquet"
@@ -212,9 +250,9 @@ def test_the_gate_a_study_declares_travels_with_its_summary(tmp_path):
 
     write(None)
     proc = _gate(tmp_path)
-    assert proc.returncode == 1 and "no bound to gate on: give --max-divergence" in proc.stderr
+    assert proc.returncode == 2 and "no bound to gate on: give --max-divergence" in proc.stderr
     write({"max_divergence": 0.5, "comparisons": ["concurrency", "load"]})
-    proc = _gate(tmp_path)  # 20 of 64 is shown below 50%; "order" is not gated
+    proc = _gate(tmp_path)  # 40 of 200 is shown below 50%; "order" is not gated
     assert proc.returncode == 0 and "2 comparison(s) at --max-divergence 50.0%: 2 passed" in proc.stderr, proc.stderr
     write({"max_divergence": 0.05})
     proc = _gate(tmp_path)
@@ -227,7 +265,7 @@ def test_what_the_gate_cannot_judge_has_its_own_code_never_a_pass(tmp_path):
     import pyarrow.parquet as pq
 
     rows = [_floor(0), _row("quiet", 0, cell_a="base")]
-    outcomes = {r["pair_id"]: ({f"p{i}" for i in range(N)}, set()) for r in rows}
+    outcomes = {r["pair_id"]: ([f"p{i}" for i in range(N)], set()) for r in rows}
     judged = with_verdicts(rows, outcomes)
     assert _run(tmp_path, rows, "--max-divergence", "0.05").returncode == 0
     # an edited row (a count changed after summarising): the digest refuses it

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from tokenflip.analysis import compare, summary, texts
-from tokenflip.analysis.verdict import with_verdicts
+from tokenflip.analysis.decision import with_decisions
 from tokenflip.core import storage
 from tokenflip.core.specs import Cell, Pair
 from tokenflip.report import diverged, page, tables
@@ -130,7 +130,7 @@ def audit_report(tmp_path_factory):
         pairs.append(row)
     repeats = pd.DataFrame([{"cell_id": one.id, "run_cell_ids": [one.id, again.id], **one.as_dict(), "runs": 2,
                              "n_prompts": 2, "n_varied": 0, "max_distinct": 1, "mean_distinct": 1.0}])
-    frames = {"cells": cells, "pairs": pd.DataFrame(with_verdicts(pairs, outcomes)), "repeats": repeats,
+    frames = {"cells": cells, "pairs": pd.DataFrame(with_decisions(pairs, outcomes, lambda r: [int(r["n_prompts"])])), "repeats": repeats,
               "first_divergence": pd.DataFrame(first_div), "diverged": pd.DataFrame(diverged, columns=texts.COLUMNS),
               "environment": pd.DataFrame(summary.environment_rows(metas), columns=["kind", "name", "json"])}
     folder = tmp / "summary"
@@ -177,9 +177,10 @@ def test_the_header_counts_the_comparisons_the_verdicts_list(audit_report):
     verdicts = _text(html, '<section id="verdicts">')
     counts = [int(n) for n in re.findall(r"(\d+) pairs?\b", verdicts[verdicts.index("finished comparisons"):])[:3]]
     assert "The 3 finished comparisons:" in verdicts and sum(counts) == 3, verdicts
-    # The Benjamini–Hochberg family: the finished pairs beside a repeat of one of their cells
-    # (the second runs' pair too: it is judged, though counted once above).
-    assert "Benjamini–Hochberg across the 3 pairs tested against a floor, second runs' included" in verdicts
+    # The e-BH family: the finished pairs beside a repeat of one of their cells (the second
+    # runs' pair too: it is judged, though counted once above); the guarantee in one sentence.
+    assert "e-BH at 5% over the 3 judged comparisons" in verdicts
+    assert "The guarantee. With probability at least 95%, every interval" in verdicts
 
 
 def test_a_diverged_prompt_without_answers_reads_no_answer_and_never_same_final_answer(audit_report):
