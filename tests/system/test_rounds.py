@@ -1,7 +1,7 @@
 """A study of rounds with the real Snakemake: its checkpoint decides the round, the cells of an
 undecided comparison get the next block, a raised maximum generates only the new blocks
 (every old block file untouched), and the verdicts then equal those of the same study made
-at once. (A decided comparison stopping its cells: tests/analysis/test_round_verdicts.py.)"""
+at once. (A decided comparison stopping its cells: tests/analysis/test_rounds_record.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 CELLS = ("fp32-on-bs1-greedy-none", "bf16-on-bs1-greedy-none", "fp32-on-bs1-greedy-none-repeat=2")
 VERDICT_COLUMNS = ["pair_id", "n_prompts", "n_diverged", "verdict", "round_decided", "prompts_decided",
-                   "p_above", "verdict_words"]
+                   "interval_low", "interval_high", "verdict_words"]
 
 
 def study(max_prompts: int) -> dict:

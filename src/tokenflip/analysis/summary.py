@@ -354,7 +354,7 @@ def verdict_rows(config: dict[str, Any], pairs: list[dict], per_prompt: dict[str
 
     correct = {pid: [(p, bool(a), bool(b)) for p, a, b in zip(df["prompt_id"], df["correct_a"], df["correct_b"])
                      if a is not None and b is not None and not pd.isna(a) and not pd.isna(b)]
-               for pid, df in per_prompt.items()}
+               for pid, df in per_prompt.items() if {"correct_a", "correct_b"} <= set(df.columns)}
     return decision.with_decisions(pairs, outcomes, looks_of, config["verdict"]["margin"],
                                    judged=len(judged_pairs(planned_pairs)), intervals=len(planned_pairs),
                                    correct=correct)
