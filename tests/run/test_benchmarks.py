@@ -86,7 +86,7 @@ def test_gsm8k_scorer_agrees_with_a_careful_judge_on_base_model_completions():
     units, fractions, times, number words, no answer. The scorer reads the text before the
     stop as a careful judge reads the completion, on every case but JUDGE_DIFFERS. A case
     whose id starts with "truncated" ended at the token limit (no answer yet)."""
-    bench = build_benchmark("g", {"kind": "gsm8k", "format": "bare", "system_prompt": False})
+    bench = build_benchmark("g", {"kind": "gsm8k", "order": "source", "format": "bare", "system_prompt": False})
     assert bench.stop == ("Question:", "</s>", "<|im_end|>")
     assert len(GSM8K_CASES) >= 60 and len({c["id"] for c in GSM8K_CASES}) == len(GSM8K_CASES)
     for case in GSM8K_CASES:
@@ -106,7 +106,7 @@ def test_gsm8k_scorer_differs_from_lm_eval_where_lm_eval_misreads():
     ... or stated without "####"; its flexible filter takes a trailing number ("...for the
     next 2 days", a year, the invented next question's answer when the stop is missing). Where
     lm-eval's strict verdict differs from the judge's, ours is the judge's on each case."""
-    bench = build_benchmark("g", {"kind": "gsm8k", "format": "bare", "system_prompt": False})
+    bench = build_benchmark("g", {"kind": "gsm8k", "order": "source", "format": "bare", "system_prompt": False})
     strict_wrong = flexible_wrong = 0
     for case in GSM8K_CASES:
         if case["id"] in JUDGE_DIFFERS:
@@ -234,7 +234,7 @@ def test_messages_and_describe():
 
 @needs_gsm8k
 def test_gsm8k_local_loads_all_and_gold_round_trips():
-    bench = build_benchmark("gsm8k", {"kind": "gsm8k", "n": 5000, "source": {"path": str(GSM8K_TEST)}})
+    bench = build_benchmark("gsm8k", {"kind": "gsm8k", "order": "source", "n": 5000, "source": {"path": str(GSM8K_TEST)}})
     items = bench.items()
     assert len(items) == GSM8K_TEST_RECORDS
     assert items[0].id == "gsm8k-0000" and items[-1].id == f"gsm8k-{GSM8K_TEST_RECORDS - 1:04d}"
@@ -251,7 +251,7 @@ def test_gsm8k_local_loads_all_and_gold_round_trips():
 
 @needs_gsm8k
 def test_gsm8k_local_first_n():
-    first = build_benchmark("g", {"kind": "gsm8k", "n": 10, "source": {"path": str(GSM8K_TEST)}}).items()
+    first = build_benchmark("g", {"kind": "gsm8k", "order": "source", "n": 10, "source": {"path": str(GSM8K_TEST)}}).items()
     full = GSM8KBenchmark("g", None, path=GSM8K_TEST).items()
     assert len(first) == 10 and len(full) == GSM8K_TEST_RECORDS
     assert first == full[:10]
@@ -260,7 +260,7 @@ def test_gsm8k_local_first_n():
 def test_gsm8k_missing_file(tmp_path):
     missing = tmp_path / "nope" / "gsm8k.jsonl"
     with pytest.raises(BenchmarkError, match=re.escape(str(missing))) as info:
-        build_benchmark("g", {"kind": "gsm8k", "n": 5, "source": {"path": str(missing)}})
+        build_benchmark("g", {"kind": "gsm8k", "order": "source", "n": 5, "source": {"path": str(missing)}})
     assert "gsm8k" in str(info.value)
 
 
@@ -285,7 +285,7 @@ def test_gsm8k_hub_uses_datasets(monkeypatch):
         return [{"question": f"q{i}", "answer": f"step\n#### {i},000"} for i in range(5)]
 
     _fake_datasets(monkeypatch, load_dataset)
-    spec = {"kind": "gsm8k", "n": 3, "source": {"hub": "openai/gsm8k", "revision": "abc123"}}
+    spec = {"kind": "gsm8k", "order": "source", "n": 3, "source": {"hub": "openai/gsm8k", "revision": "abc123"}}
     bench = build_benchmark("g", spec)
     items = bench.items()
     assert calls == [(("openai/gsm8k", "main"), {"split": "test", "revision": "abc123"})]
@@ -299,7 +299,7 @@ def test_gsm8k_hub_unreachable(monkeypatch):
         raise ConnectionError("no network")
 
     _fake_datasets(monkeypatch, load_dataset)
-    bench = build_benchmark("g", {"kind": "gsm8k", "n": 3, "source": {"hub": "openai/gsm8k", "revision": "abc123"}})
+    bench = build_benchmark("g", {"kind": "gsm8k", "order": "source", "n": 3, "source": {"hub": "openai/gsm8k", "revision": "abc123"}})
     with pytest.raises(BenchmarkError, match=r"gsm8k.*openai/gsm8k@abc123"):
         bench.items()
 
@@ -319,8 +319,8 @@ def test_unknown_kind():
         {"kind": "arithmetic", "n": 0},
         {"kind": "arithmetic", "n": "5"},
         {"kind": "arithmetic", "n": 5, "sed": 1},
-        {"kind": "gsm8k", "n": 5, "source": {"path": "a.jsonl", "hub": "openai/gsm8k"}},
-        {"kind": "gsm8k", "n": 5, "source": {"url": "x"}},
+        {"kind": "gsm8k", "order": "source", "n": 5, "source": {"path": "a.jsonl", "hub": "openai/gsm8k"}},
+        {"kind": "gsm8k", "order": "source", "n": 5, "source": {"url": "x"}},
     ],
 )
 def test_bad_specs(spec):
@@ -330,6 +330,6 @@ def test_bad_specs(spec):
 
 def test_build_returns_expected_types():
     assert isinstance(build_benchmark("a", {"kind": "arithmetic"}), ArithmeticBenchmark)
-    assert isinstance(build_benchmark("g", {"kind": "gsm8k"}), GSM8KBenchmark)
+    assert isinstance(build_benchmark("g", {"kind": "gsm8k", "order": "source"}), GSM8KBenchmark)
     assert build_benchmark("a", {"kind": "arithmetic"}).name == "a"
     assert issubclass(BenchmarkError, ValueError)

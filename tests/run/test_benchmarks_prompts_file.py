@@ -54,7 +54,7 @@ def write_parquet(path, records):
 
 
 def bench(path, **spec):
-    return build_benchmark("mine", {"kind": "prompts", "source": {"path": str(path)}, **spec})
+    return build_benchmark("mine", {"kind": "prompts", "order": "source", "source": {"path": str(path)}, **spec})
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_n_takes_the_first_records_and_a_hub_source_is_read_through_datasets(tmp
     module = types.ModuleType("datasets")
     module.load_dataset = lambda *args, **kwargs: [{"prompt": "hi"}, {"prompt": "hi", "promt": "typo"}]
     monkeypatch.setitem(sys.modules, "datasets", module)
-    hub = build_benchmark("mine", {"kind": "prompts", "source": {"hub": "org/traffic", "split": "test"}})
+    hub = build_benchmark("mine", {"kind": "prompts", "order": "source", "source": {"hub": "org/traffic", "split": "test"}})
     assert hub.reads_hub and hub.data_files() == []
     with pytest.raises(BenchmarkError, match=r"org/traffic@unpinned \(config None, split 'test'\) row 1: unknown "
                                              r"key 'promt'"):
@@ -180,7 +180,7 @@ def test_bad_json_and_an_unknown_extension_are_named(tmp_path):
 
 def test_source_is_required():
     with pytest.raises(BenchmarkError, match=r"benchmark 'mine' \(prompts\): 'source' is required"):
-        build_benchmark("mine", {"kind": "prompts"})
+        build_benchmark("mine", {"kind": "prompts", "order": "source"})
 
 
 def test_a_scorer_needs_an_answer_in_every_record(tmp_path):
@@ -250,7 +250,7 @@ def test_scorer_none_measures_no_accuracy(tmp_path):
 def test_a_study_config_with_this_kind_validates_and_a_bad_record_fails_naming_file_and_line(tmp_path):
     path = write_parquet(tmp_path / "traffic.parquet", RECORDS)
     study = tiny_study()
-    study["benchmarks"] = {"mine": {"kind": "prompts", "n": 2, "source": {"path": str(path)}}}
+    study["benchmarks"] = {"mine": {"kind": "prompts", "order": "source", "n": 2, "source": {"path": str(path)}}}
     config = cfg.validate(study, source="study.yaml", check_data=True)
     assert config["benchmarks"]["mine"]["scorer"] == "none" and config["benchmarks"]["mine"]["stop"] == []
     assert isinstance(build_benchmark("mine", config["benchmarks"]["mine"]), PromptsFileBenchmark)
@@ -259,7 +259,7 @@ def test_a_study_config_with_this_kind_validates_and_a_bad_record_fails_naming_f
     with pytest.raises(cfg.ConfigError, match=r"study\.yaml: benchmarks\.mine\.scorer: 'fuzzy' is not one of"):
         cfg.validate(study, source="study.yaml", check_data=True)
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok"}, {"prompt": "ok", "promt": "typo"}])
-    study["benchmarks"]["mine"] = {"kind": "prompts", "source": {"path": str(bad)}}
+    study["benchmarks"]["mine"] = {"kind": "prompts", "order": "source", "source": {"path": str(bad)}}
     with pytest.raises(cfg.ConfigError, match=r"study\.yaml: benchmarks\.mine: .*bad\.jsonl line 2: unknown key "
                                               r"'promt'"):
         cfg.validate(study, source="study.yaml", check_data=True)

@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from tokenflip.run.benchmarks.answers import NUMERIC_RULES, answers_match, find_answer
 from tokenflip.run.benchmarks.errors import BenchmarkError
 from tokenflip.run.benchmarks.sources import parse_source
@@ -52,7 +54,16 @@ VERDICTS = ("correct", "wrong", "no_answer", "passed", "failed", "timeout", "no_
 # Keys every benchmark entry of a config takes, whatever its kind.
 COMMON_SPEC_SCHEMA: dict[str, Any] = {
     "kind": {"type": "string"},
-    "n": {"type": "integer", "minimum": 1, "description": "the first n items (default: all)"},
+    "n": {"type": "integer", "minimum": 1,
+          "description": "the first n items of the drawn order (default: all): a random sample of n without replacement"},
+    # The study's prompts are a seeded random sample of the benchmark (its verdicts assume prompts
+    # in random order: a source sorted by date, topic or length would bias every look at a prefix).
+    "order": {"enum": ["random", "source"], "default": "random",
+              "description": "random: the items in a seeded random order (a prefix is a random sample without "
+                             "replacement); source: the source's own order (a paper's \"first n\"; the verdicts' "
+                             "guarantee then assumes that order is random)"},
+    "order_seed": {"type": "integer", "minimum": 0, "maximum": 4294967295, "default": 0,
+                   "description": "the seed of the random order (recorded with every cell)"},
     "max_new_tokens": {"type": "integer", "minimum": 1},
     # How a prompt reaches the model (arXiv 2609.26621 §2 measures with bare prompts, no system
     # prompt and no chat template; App. VI replicates with the native chat template).
@@ -68,6 +79,7 @@ COMMON_SPEC_SCHEMA: dict[str, Any] = {
                             "it is scored (default: the kind's, from the harness its benchmark comes from)"},
 }
 PROMPT_KEYS = ("format", "system_prompt")
+ORDER_KEYS = ("order", "order_seed")
 # A `source:` mapping: exactly one of a path, hub coordinates or a package file (checked by
 # `sources.parse_source` when the benchmark is built).
 SOURCE_SCHEMA: dict[str, Any] = {
@@ -107,7 +119,8 @@ class Benchmark(ABC):
         """Build from a config entry: its keys besides kind and max_new_tokens are the
         constructor's keyword arguments; a `source` mapping is parsed against the kind's
         default source."""
-        options = {k: v for k, v in spec.items() if k not in ("kind", "max_new_tokens", "stop", *PROMPT_KEYS)}
+        options = {k: v for k, v in spec.items()
+                   if k not in ("kind", "max_new_tokens", "stop", *PROMPT_KEYS, *ORDER_KEYS)}
         if "source" in cls.spec_schema:
             options["source"] = parse_source(f"benchmark {name!r} ({cls.kind})", options.get("source"),
                                              cls.default_source(options))
@@ -117,6 +130,13 @@ class Benchmark(ABC):
         """Take the keys every kind shares from a config entry: prompt style and stops
         (`build_benchmark` calls it after the kind's own `from_spec`, so no kind can miss it)."""
         self.prompt_style = {key: spec.get(key, COMMON_SPEC_SCHEMA[key]["default"]) for key in PROMPT_KEYS}
+        order, seed = (spec.get(key, COMMON_SPEC_SCHEMA[key]["default"]) for key in ORDER_KEYS)
+        if order not in COMMON_SPEC_SCHEMA["order"]["enum"]:
+            raise BenchmarkError(f"benchmark {self.name!r}: order must be 'random' or 'source', got {str(order)[:40]!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
+            raise BenchmarkError(f"benchmark {self.name!r}: order_seed must be an integer from 0 to 2^32 - 1, "
+                                 f"got {str(seed)[:40]!r}")
+        self.order, self.order_seed = order, seed
         stop = spec.get("stop")
         if stop is None:
             stop = self.default_stop(self.prompt_style["format"])
@@ -136,9 +156,32 @@ class Benchmark(ABC):
         self.name = name
         self.n = n
 
+    # How the items are ordered (`configure` sets them from the config entry): a benchmark built
+    # by hand keeps its source's order; a study's default is a seeded random order.
+    order: str = "source"
+    order_seed: int = 0
+    population: int | None = None  # the items drawn from (None: generated, one at a time)
+
     @abstractmethod
     def items(self) -> list[Item]:
-        """The first `n` items, always in the same order."""
+        """The first `n` items of the drawn order, always the same for one seed."""
+
+    def drawn(self, records: list) -> list[tuple[int, Any]]:
+        """The records a study takes, as (index in the source, record): all of them in a
+        seeded random order (a permutation of the whole source, so a larger n extends the same
+        order and a block is a slice of it), or in the source's order; cut at n."""
+        self.population = len(records)
+        indices = list(range(len(records)))
+        if self.order == "random":
+            indices = [int(i) for i in np.random.default_rng(self.order_seed).permutation(len(records))]
+        return [(i, records[i]) for i in indices[: self.n]]
+
+    def order_description(self) -> dict:
+        """How the items were ordered, for provenance: the drawn order is part of a cell."""
+        if self.population is None:
+            return {"kind": "generated", "note": "each item made independently from the seed: already in random order"}
+        return ({"kind": "random", "seed": self.order_seed, "population": self.population} if self.order == "random"
+                else {"kind": "source", "population": self.population})
 
     def checked(self, items: list[Item], where: str) -> list[Item]:
         """`items` if they can make a cell: at least one, every id unique (a prompt id keys
@@ -244,6 +287,7 @@ class Benchmark(ABC):
     def _description(self, **extra) -> dict:
         """The fields every benchmark's `describe()` shares, followed by its own."""
         return {"name": self.name, "kind": self.kind, "n": len(self.items()), "n_requested": self.n,
+                "order": self.order_description(),
                 "prompt_format": self.prompt_format, "prompt_style": dict(self.prompt_style),
                 "stop": list(self.stop), "stop_source": self.stop_source
                 if self.stop == self.default_stop(self.prompt_style["format"]) else "the config's `stop`",

@@ -162,12 +162,10 @@ class GSM8KBenchmark(MathBenchmark):
         return self.source.label()
 
     def items(self) -> list[Item]:
-        """The first n records (all if n is None or larger than the split)."""
+        """The first n records of the drawn order (all if n is None or larger than the split)."""
         if self._items is None:
             records = load_records(self._label(), self.source)
-            if self.n is not None:
-                records = records[: self.n]
-            self._items = self.checked([self._item(index, record) for index, record in enumerate(records)],
+            self._items = self.checked([self._item(index, record) for index, record in self.drawn(records)],
                                        f"{self._label()} from {self.source_label()}")
         return list(self._items)
 

@@ -76,13 +76,11 @@ class HumanEvalBenchmark(CodeBenchmark):
         return f"benchmark {self.name!r} (humaneval)"
 
     def items(self) -> list[Item]:
-        """The first n tasks (all if n is None)."""
+        """The first n tasks of the drawn order (all if n is None)."""
         if self._items is None:
             records = load_records(self._label(), self.source)
-            if self.n is not None:
-                records = records[: self.n]
             items = []
-            for index, record in enumerate(records):
+            for index, record in self.drawn(records):
                 try:
                     task = {k: record[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}
                 except (KeyError, TypeError) as e:

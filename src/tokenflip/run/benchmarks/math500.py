@@ -48,13 +48,11 @@ class Math500Benchmark(Benchmark):
         return f"benchmark {self.name!r} (math500)"
 
     def items(self) -> list[Item]:
-        """The first n records (all if n is None)."""
+        """The first n records of the drawn order (all if n is None)."""
         if self._items is None:
             records = load_records(self._label(), self.source)
-            if self.n is not None:
-                records = records[: self.n]
             items, seen = [], set()
-            for index, record in enumerate(records):
+            for index, record in self.drawn(records):
                 try:
                     problem, answer = record["problem"], record["answer"]
                 except (KeyError, TypeError) as e:

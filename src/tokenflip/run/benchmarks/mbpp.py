@@ -112,13 +112,13 @@ class MBPPBenchmark(CodeBenchmark):
         return task
 
     def items(self) -> list[Item]:
-        """The first n test tasks by task_id (all 257 sanitized / 500 full if n is None)."""
+        """The first n test tasks of the drawn order of the test tasks by task_id (all 257
+        sanitized / 500 full if n is None)."""
         if self._items is None:
             records = load_records(self._label(), self.source)
             tasks = [self._task(i, r, self.source.label()) for i, r in enumerate(records)]
             tasks = sorted((t for t in tasks if t["task_id"] in TEST_TASK_IDS), key=lambda t: t["task_id"])
-            if self.n is not None:
-                tasks = tasks[: self.n]
+            tasks = [task for _, task in self.drawn(tasks)]
             items = []
             for task in tasks:
                 item_id = f"mbpp-{task['task_id']:03d}"

@@ -85,7 +85,8 @@ class PromptsFileBenchmark(Benchmark):
         return f"benchmark {self.name!r} (prompts)"
 
     def items(self) -> list[Item]:
-        """The first n records (all if n is None); every record of the file is checked."""
+        """The first n records of the drawn order (all if n is None); every record of the file
+        is checked."""
         if self._items is None:
             label = self.source.label()
             records = located_records(self._label(), self.source)
@@ -102,7 +103,7 @@ class PromptsFileBenchmark(Benchmark):
                 items.append(item)
                 if conversation is not None:
                     conversations[item.id] = conversation
-            items = items[: self.n] if self.n is not None else items
+            items = [item for _, item in self.drawn(items)]
             self._conversations = {item.id: conversations[item.id] for item in items if item.id in conversations}
             self._items = self.checked(items, f"{self._label()} from {label}")
         return list(self._items)
