@@ -195,3 +195,17 @@ def test_the_prompts_needed_are_the_rules_own():
     need = prompts_needed(1.0, 0.0, "changes")
     assert math.exp(float(log_capital_above(need, 0, 0, 0.0))) >= 20 > math.exp(float(log_capital_above(need - 1, 0, 0, 0.0)))
     assert prompts_needed(0.0, 0.0, "changes") is None  # nothing parts: "changes outputs" is never shown
+
+
+def test_the_table_of_prompts_needed_in_the_docs_is_the_rules_own():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "decision.md").read_text()
+    table = text[text.index("| comparison parts on |"):].split("\n\n")[0].splitlines()[2:]
+    columns = [(0.05, 1), (0.05, 20), (0.10, 1), (0.10, 5)]
+    rates = {"none": 0.0, "2%": 0.02, "10%": 0.10, "25%": 0.25, "60%": 0.60}
+    assert len(table) == len(rates)
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for (margin, m), shown in zip(columns, cells[1:]):
+            assert int(shown) == prompts_needed(rates[cells[0]], 0.0, "verdict", margin=margin, intervals=m, judged=m)

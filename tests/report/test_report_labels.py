@@ -180,6 +180,11 @@ def test_the_header_counts_the_comparisons_the_verdicts_list(audit_report):
     # The e-BH family: the finished pairs beside a repeat of one of their cells (the second
     # runs' pair too: it is judged, though counted once above); the guarantee in one sentence.
     assert "e-BH at 5% over the 3 judged comparisons" in verdicts
+    # the first screen says what was decided, one sentence per judged comparison, before any table
+    decided = _text(html, '<section id="decided">', "</section>")
+    assert html.index('<section id="decided">') < html.index('<section id="headline">') < html.index("<table")
+    raw = html[html.index('<section id="decided">'):html.index('<section id="headline">')]
+    assert raw.count("<li data-verdict=") >= 1 and "prompts" in decided
     assert "The guarantee. With probability at least 95%, every interval" in verdicts
 
 

@@ -257,6 +257,38 @@ def test_gsm8k_local_first_n():
     assert first == full[:10]
 
 
+@needs_gsm8k
+def test_a_studys_prompts_are_a_seeded_random_sample_whose_prefixes_are_its_blocks():
+    """The default order is a seeded permutation of the whole source: n = all is every item once;
+    a smaller n is the prefix of the same order (so raising n or a later block extends it); the
+    seed changes it and is recorded; `order: source` keeps the file's order."""
+    def ids(**spec):
+        bench = build_benchmark("g", {"kind": "gsm8k", "source": {"path": str(GSM8K_TEST)}, **spec})
+        return [item.id for item in bench.items()], bench.describe()["order"]
+
+    everything, order = ids()
+    source = [f"gsm8k-{i:04d}" for i in range(GSM8K_TEST_RECORDS)]
+    assert sorted(everything) == source and everything != source
+    assert order == {"kind": "random", "seed": 0, "population": GSM8K_TEST_RECORDS}
+    first, _ = ids(n=40)
+    assert first == everything[:40]
+    # a random sample, not a block of the file: its items come from all over the source
+    positions = sorted(int(i.split("-")[1]) for i in first)
+    assert positions[-1] - positions[0] > GSM8K_TEST_RECORDS / 2
+    other, order = ids(n=40, order_seed=1)
+    assert other != first and order["seed"] == 1
+    kept, order = ids(n=40, order="source")
+    assert kept == source[:40] and order == {"kind": "source", "population": GSM8K_TEST_RECORDS}
+    for bad in ({"order": "sorted"}, {"order_seed": -1}, {"order_seed": "0"}):
+        with pytest.raises(BenchmarkError, match="order"):
+            ids(**bad)
+
+
+def test_a_generated_benchmark_is_already_in_random_order():
+    bench = build_benchmark("a", {"kind": "arithmetic", "n": 4, "seed": 0})
+    assert bench.describe()["order"]["kind"] == "generated"
+
+
 def test_gsm8k_missing_file(tmp_path):
     missing = tmp_path / "nope" / "gsm8k.jsonl"
     with pytest.raises(BenchmarkError, match=re.escape(str(missing))) as info:

@@ -62,6 +62,7 @@ from tokenflip.report.tables import (
 from tokenflip.report.verdicts import (
     comparison_counts,
     noise_floor_rows,
+    decided_lines,
     round_rows,
     still_identical_figure,
     verdict_counts,
@@ -128,6 +129,7 @@ def render(summary_dir: str | Path, out_path: str | Path, config: dict[str, Any]
         verdict_counts=verdict_counts(done_pairs),
         noise_floor_rows=noise_floor_rows(_read_optional(summary_dir / "repeats.parquet"), pairs_df),
         round_rows=round_rows(pairs_df) if config.get("rounds") is not None else [], rounds=config.get("rounds"),
+        decided=decided_lines(pairs_df),
         guarantee=next((g for g in pairs_df.get("guarantee", []) if isinstance(g, str) and g), None),
         fig_still_identical=still_identical_figure(_read_optional(summary_dir / "still_identical.parquet")),
         cells=cells_df.sort_values("cell_id").to_dict("records") if not cells_df.empty else [],

@@ -59,6 +59,20 @@ def comparison_counts(pairs: pd.DataFrame) -> dict[str, int]:
             "second_runs": len(pairs) - len(first), "tested": int(tested.max()) if len(tested) else 0}
 
 
+def decided_lines(pairs: pd.DataFrame) -> list[dict[str, Any]]:
+    """The report's first screen: one sentence per judged comparison (first runs), the
+    decided first, each with the verdict's own words (`analysis.decision`)."""
+    if pairs.empty or "verdict_words" not in pairs:
+        return []
+    judged = first_runs(pairs)
+    judged = judged[(judged["status"] == "done") & judged["comparisons_tested"].notna()]
+    rank = {"changes outputs": 0, "within noise": 1, "undecided": 2}
+    rows = [{"pair_id": r["pair_id"], "verdict": r["verdict"],
+             "comparison": f"{r['axis']}: {r['a']} vs {r['b']}", "where": f"{r['model']} · {r['benchmark']}",
+             "words": r["verdict_words"]} for r in judged.to_dict("records")]
+    return sorted(rows, key=lambda r: (rank.get(r["verdict"], 3), r["comparison"], r["where"]))
+
+
 def round_rows(pairs: pd.DataFrame) -> list[dict[str, Any]]:
     """In a study of rounds, each judged comparison (first runs): the round it was decided
     in and the prompts that took, or, stopped undecided, the prompts it had and about
