@@ -209,3 +209,19 @@ def test_the_table_of_prompts_needed_in_the_docs_is_the_rules_own():
         cells = [c.strip() for c in line.strip("|").split("|")]
         for (margin, m), shown in zip(columns, cells[1:]):
             assert int(shown) == prompts_needed(rates[cells[0]], 0.0, "verdict", margin=margin, intervals=m, judged=m)
+
+
+def test_a_gated_comparison_goes_on_after_its_verdict_until_the_gate_is_decided():
+    """Half the prompts part where the floor never does: "changes outputs" is shown at 16, but
+    its interval then still reaches below a gate at 10%; gated, it goes on (its verdict and the
+    prompts it took kept) until the interval lies above 10%; ungated it stops at 16."""
+    d = [1, 0] * 40
+    looks = {"c": [16, 32, 64, 80]}
+    alone = decide({"c": [d]}, looks, margin=0.1)["c"]
+    assert alone.verdict == "changes outputs" and alone.look.n == 16 and not alone.open
+    gated = decide({"c": [d]}, looks, margin=0.1, gates={"c": 0.10})["c"]
+    assert gated.verdict == "changes outputs" and gated.decided_n == 16 and gated.round == 1
+    assert gated.look.n == 32 and gated.look.low > 0.10 and not gated.open
+    assert alone.look.low <= 0.10  # at 16 prompts the gate could not have said "fail"
+    # in progress: after round 1 it is still open for the gate
+    assert decide({"c": [d[:16]]}, looks, margin=0.1, gates={"c": 0.10}, through=1)["c"].open

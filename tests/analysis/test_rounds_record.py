@@ -50,8 +50,8 @@ def test_every_prompt_parted_is_decided_in_the_round_that_shows_it():
     decided_in = next(i + 1 for i, end in enumerate(ends) if math.exp(float(log_capital_above(end, 0, 0, 0.0))) >= 20)
     assert row["verdict"] == "changes outputs" and row["round_decided"] == decided_in == 2
     assert row["prompts_decided"] == ends[decided_in - 1]
-    assert row["verdict_words"].startswith(f"changes outputs: decided in round {decided_in} of 4, after "
-                                           f"{ends[decided_in - 1]} prompts ({ends[decided_in - 1]} parted")
+    assert row["verdict_words"].startswith(f"changes outputs: shown in round {decided_in} of 4, after "
+                                           f"{ends[decided_in - 1]} prompts (e-value")
 
 
 def test_level_with_the_floor_at_too_small_a_maximum_says_what_it_would_need():
@@ -76,7 +76,7 @@ def test_none_parted_is_judged_like_any_comparison_and_without_rounds_the_same_r
     rows, per_prompt, pairs = rows_and_outcomes(fixed, lambda i: True, lambda i: False)
     row = next(r for r in verdict_rows(fixed, rows, per_prompt, pairs) if r["axis"] == "precision")
     assert row["verdict"] == "changes outputs" and row["round_decided"] == 1 and row["prompts_decided"] == 32
-    assert row["verdict_words"].startswith("changes outputs: decided after 32 prompts (32 parted")
+    assert row["verdict_words"].startswith("changes outputs: shown after 32 prompts (e-value")
 
 
 def test_each_round_asks_its_own_question():

@@ -140,15 +140,18 @@ class Look:
 @dataclass
 class Decision:
     """A comparison's one verdict: what was decided, at which look (round) and after how many
-    prompts, with the evidence of that look."""
+    prompts, with the evidence of its last look (a comparison a study gates goes on after its
+    verdict until its interval decides the gate, or its maximum)."""
 
     verdict: str | None  # "changes outputs" | "within noise" | None (undecided)
-    look: Look
+    look: Look  # the last look: its interval is the one the gate reads
     round: int | None  # the round that decided it (None: undecided)
     stopped_early: bool = False  # closed before its maximum: no continuation could decide it
     rounds: int = 1
     maximum: int = 0
-    notes: list[str] = field(default_factory=list)
+    decided_n: int | None = None  # the prompts the verdict took
+    open: bool = False  # still going after this round
+    gate: float | None = None  # the gate's bound it went on for
 
 
 def could_decide(look: Look, remaining: int, margin: float, intervals: int, judged: int,
@@ -180,51 +183,75 @@ def could_decide(look: Look, remaining: int, margin: float, intervals: int, judg
 
 
 def decide(comparisons: dict[str, list], looks: dict[str, list[int]], margin: float = MARGIN,
-           alpha: float = ALPHA, intervals: int | None = None) -> dict[str, Decision]:
+           alpha: float = ALPHA, intervals: int | None = None,
+           gates: dict[str, float] | None = None, through: int | None = None) -> dict[str, Decision]:
     """Every judged comparison's decision, round by round: `comparisons` gives each one's paired
     outcomes against each floor, in the benchmark's drawn order; `looks` the prompts it has at
-    each round (its benchmark's block ends; one look: a study without rounds). At each round
-    the open comparisons are looked at; e-BH runs over every comparison's latest e-value (a
-    closed one keeps the value it closed with); a comparison is decided, stopped where no
-    continuation could decide it, or goes on. The last round's e-BH is the study's: it rejects
-    every comparison an earlier round declared (their e-values are kept), and perhaps more."""
+    each round (its benchmark's block ends; one look: a study without rounds); `gates` the bound
+    of each comparison the study gates. At each round the open comparisons are looked at; e-BH
+    runs over every comparison's e-value (one declared keeps the value it was declared with, a
+    closed one the value it closed with); a comparison is decided, stopped where no
+    continuation could decide it, or goes on, and a gated one goes on after its verdict until
+    its interval lies above the bound or at most it. The last round's e-BH is the study's: it
+    rejects every comparison an earlier round declared, and perhaps more. `through`: stop after
+    that round (a study in progress: its later rounds have no prompts yet)."""
     judged = len(comparisons)
     intervals = judged if intervals is None else intervals
+    gates = gates or {}
     state: dict[str, Decision] = {}
     current: dict[str, Look] = {}
+    declared: dict[str, float] = {}
     closed: set[str] = set()
     total = max((len(v) for v in looks.values()), default=0)
-    for number in range(1, total + 1):
+    for number in range(1, min(total, through or total) + 1):
         for key, floors in comparisons.items():
             mine = looks[key]
             if key in closed or number > len(mine):
                 continue
             available = min(len(d) for d in floors) if floors else 0
             current[key] = Look.of(floors, min(mine[number - 1], available), intervals, alpha)
-        rejected = e_bh({k: v.e_changes for k, v in current.items()}, alpha, judged)
+        rejected = e_bh({k: declared.get(k, v.e_changes) for k, v in current.items()}, alpha, judged)
         for key, look in current.items():
             mine = looks[key]
-            if key in rejected:
-                if state.get(key) is None or state[key].verdict != "changes outputs":
-                    rnd = min(number, len(mine))
-                    state[key] = Decision("changes outputs", look, rnd, rounds=len(mine), maximum=mine[-1])
-                closed.add(key)
-                continue
+            before = state.get(key)
             if key in closed:
+                if key in rejected and before.verdict is None:  # closed undecided, declared by a later e-BH
+                    state[key] = Decision("changes outputs", look, number, rounds=len(mine), maximum=mine[-1],
+                                          decided_n=look.n)
                 continue
+            verdict, rnd, taken = (before.verdict, before.round, before.decided_n) if before and before.verdict \
+                else (None, None, None)
+            if verdict is None and key in rejected:
+                verdict, rnd, taken = "changes outputs", number, look.n
+                declared[key] = look.e_changes
+            elif verdict is None and look.within(margin):
+                verdict, rnd, taken = "within noise", number, look.n
             last = number >= len(mine) or look.n < mine[number - 1]  # the maximum, or the data ran out
-            if look.within(margin):
-                state[key] = Decision("within noise", look, number, rounds=len(mine), maximum=mine[-1])
-                closed.add(key)
+            bound = gates.get(key)
+            gate_open = bound is not None and not (look.low > bound or look.high <= bound)
+            common = dict(rounds=len(mine), maximum=mine[-1], gate=bound)
+            if verdict is not None:
+                going = gate_open and not last
+                state[key] = Decision(verdict, look, rnd, decided_n=taken, open=going, **common)
             elif last:
-                state[key] = Decision(None, look, None, rounds=len(mine), maximum=mine[-1])
-                closed.add(key)
+                state[key] = Decision(None, look, None, **common)
             elif not could_decide(look, mine[-1] - look.n, margin, intervals, judged, alpha):
-                state[key] = Decision(None, look, None, stopped_early=True, rounds=len(mine), maximum=mine[-1])
-                closed.add(key)
+                state[key] = Decision(None, look, None, stopped_early=True, **common)
             else:
-                state[key] = Decision(None, look, None, rounds=len(mine), maximum=mine[-1])
+                state[key] = Decision(None, look, None, open=True, **common)
+            if not state[key].open:
+                closed.add(key)
     return state
+
+
+def gated(config: dict, axis: str, label: str) -> float | None:
+    """The bound a study's declared gate holds this comparison to (None: not gated): `gate:
+    {max_divergence, comparisons}`, every comparison where no list names axes or labels."""
+    gate = config.get("gate") or {}
+    names = gate.get("comparisons")
+    if gate.get("max_divergence") is None or (names and axis not in names and label not in names):
+        return None
+    return float(gate["max_divergence"])
 
 
 def accuracy_drops(counts: dict[str, tuple[int, int, int]], alpha: float = ALPHA) -> set:
@@ -372,13 +399,18 @@ def _needed(look: Look, margin: float, intervals: int, judged: int) -> int | Non
 
 def verdict_words(decision: Decision, parted: int, margin: float, needed: int | None) -> str:
     look = decision.look
-    where = (f"in round {decision.round} of {decision.rounds}, after {look.n} prompts" if decision.rounds > 1 else
-             f"after {look.n} prompts")
-    span = f"the excess over the noise floor {_pct(look.low)} to {_pct(look.high)}"
+    taken = decision.decided_n or look.n
+    where = (f"in round {decision.round} of {decision.rounds}, after {taken} prompts" if decision.rounds > 1 else
+             f"after {taken} prompts")
+    span = f"its excess over the noise floor {_pct(look.low)} to {_pct(look.high)}"
+    later = (f"; it went on to {look.n} prompts for the gate at {decision.gate:.0%}"
+             if decision.gate is not None and look.n > taken else "")
     if decision.verdict == "changes outputs":
-        return f"changes outputs: decided {where} ({parted} parted; {span})"
+        return (f"changes outputs: shown {where} (e-value {look.e_changes:.3g}, e-BH at 5%){later} ({parted} of "
+                f"{look.n} parted; {span}, every interval of the study holding at once)")
     if decision.verdict == "within noise":
-        return f"within noise: within ±{margin:.0%} of the noise floor, decided {where} ({parted} parted; {span})"
+        return (f"within noise: within ±{margin:.0%} of the noise floor, shown {where}{later} ({parted} of {look.n} "
+                f"parted; {span})")
     why = (f"stopped after {look.n} prompts: no continuation to its maximum of {decision.maximum} could decide it"
            if decision.stopped_early else f"at its maximum of {look.n} prompts")
     more = (f"about {needed} prompts in all would decide it at the rates seen" if needed else
@@ -388,12 +420,14 @@ def verdict_words(decision: Decision, parted: int, margin: float, needed: int | 
 
 def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], looks_of, margin: float = MARGIN,
                    alpha: float = ALPHA, judged: int | None = None, intervals: int | None = None,
-                   correct: dict[str, list[tuple[str, bool, bool]]] | None = None) -> list[dict]:
+                   correct: dict[str, list[tuple[str, bool, bool]]] | None = None,
+                   gate: dict | None = None) -> list[dict]:
     """The summary's pair rows, each with its one verdict. `outcomes`: each pair's prompts in
     drawn order and those that parted; `looks_of(row)`: the prompts its benchmark has at each
     round (`[n]` without rounds); `judged` and `intervals`: the study's families (its planned
     judged comparisons and its planned pairs); `correct`: per pair, (prompt, a right, b right)
-    for the scored prompts, for the accuracy rule."""
+    for the scored prompts, for the accuracy rule; `gate`: the study's declared gate (its
+    comparisons go on after their verdict until the gate is decided, as the rounds did)."""
     floors = repeat_floors(rows)
     comparisons, looks, floor_rows = {}, {}, {}
     for row in rows:
@@ -407,9 +441,11 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
             comparisons[row["pair_id"]] = seqs
             looks[row["pair_id"]] = [min(n, min(map(len, seqs))) for n in looks_of(row)] or [min(map(len, seqs))]
             floor_rows[row["pair_id"]] = list(mine.values())
+    names = {r["pair_id"]: (r["axis"], r.get("label")) for r in rows}
+    gates = {pid: bound for pid in comparisons if (bound := gated({"gate": gate}, *names[pid])) is not None}
     judged = max(judged or 0, len(comparisons))
     intervals = max(intervals or 0, len(rows), judged)
-    decisions = decide(comparisons, looks, margin, alpha, intervals)
+    decisions = decide(comparisons, looks, margin, alpha, intervals, gates)
     drops = accuracy_drops({pid: _accuracy_counts(scored, decisions[pid].look.n if pid in decisions else None,
                                                    outcomes[pid][0])
                             for pid, scored in (correct or {}).items() if scored}, alpha)
@@ -430,18 +466,19 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
             u, l, w = d.look.counts[deciding]
             floor = floor_rows[pid][deciding] if deciding < len(floor_rows[pid]) else None
             needed = None if d.verdict else _needed(d.look, margin, intervals, judged)
-            parted_then = sum(p in outcomes[pid][1] for p in outcomes[pid][0][: d.look.n])
+            parted_then = sum(p in outcomes[pid][1] for p in outcomes[pid][0][: d.look.n])  # at its last look
             row.update(verdict=d.verdict or "undecided", verdict_words=verdict_words(d, parted_then, margin, needed),
                        floor_rate=(int(floor["n_diverged"]) / int(floor["n_prompts"])) if floor else None,
                        excess=(u - w) / max(1, d.look.n), interval_low=d.look.low, interval_high=d.look.high,
                        interval_of="excess", e_value=d.look.e_changes, comparisons_tested=judged,
                        floors_paired=json.dumps([{"n": d.look.n, "only_comparison": a, "neither_or_both": b,
                                                   "only_floor": c} for a, b, c in d.look.counts]),
-                       round_decided=d.round, prompts_decided=d.look.n, prompts_needed=needed,
+                       round_decided=d.round, prompts_decided=d.decided_n or d.look.n, prompts_needed=needed,
                        stopped_early=d.stopped_early)
             out.append(row)
             continue
         low, high = interval(k, n - k, 0, intervals, alpha)  # a noise floor, or no floor: its own rate
+        low = max(0.0, low)  # a rate is never below 0
         row.update(interval_low=low, interval_high=high, interval_of="rate")
         if row.get("axis") == "repeat":
             row.update(verdict="noise floor", floor_rate=k / n if n else None,

@@ -49,7 +49,7 @@ def question(config: dict[str, Any], judged: Judged, number: int, pairs: int | N
     benchmark has by then, the margin and levels (a changed one decides the round again)."""
     ends = {b: block_ends(config, b) for b in config["benchmarks"]}
     return {"round": number, "margin": config["verdict"]["margin"], "alpha": ALPHA, "tested": len(judged),
-            "intervals": max(pairs or 0, len(judged)),
+            "intervals": max(pairs or 0, len(judged)), "gate": config.get("gate"),
             "prompts": {b: e[number - 1] for b, e in ends.items() if len(e) >= number},
             "rounds": {b: len(e) for b, e in ends.items()},  # a raised maximum decides its last round again
             "comparisons": {pair.id: [f.id for f in floors] for pair, floors in judged}}
@@ -88,10 +88,11 @@ def decide_round(config: dict[str, Any], layout: RunLayout, number: int, judged:
     for pair, floors in judged:
         order, parted = _parted(tables, pair)
         seqs = [decision.outcome_sequence(order, parted, *_parted(tables, f)) for f in floors]
-        ends = block_ends(config, pair.a.benchmark)[:number]
-        comparisons[pair.id] = [s for s in seqs]
+        ends = block_ends(config, pair.a.benchmark)
+        comparisons[pair.id] = seqs
         looks[pair.id] = [len(order) if e is None else e for e in ends]
-    decisions = decision.decide(comparisons, looks, asked["margin"], ALPHA, asked["intervals"])
+    gates = {pair.id: bound for pair, _ in judged if (bound := decision.gated(config, pair.axis, pair.label)) is not None}
+    decisions = decision.decide(comparisons, looks, asked["margin"], ALPHA, asked["intervals"], gates, through=number)
     decided, stopped, open_now, go_on = {}, {}, [], set()
     for pair, floors in judged:
         d = decisions.get(pair.id)
@@ -99,12 +100,12 @@ def decide_round(config: dict[str, Any], layout: RunLayout, number: int, judged:
         if d is None:
             continue
         if d.verdict is not None:
-            decided[pair.id] = {"verdict": d.verdict, "prompts": d.look.n, "round": d.round}
-        elif d.stopped_early or len(ends) <= number:
-            stopped[pair.id] = {"prompts": d.look.n, "round": number, "maximum": ends[-1]}
-        else:
+            decided[pair.id] = {"verdict": d.verdict, "prompts": d.decided_n, "round": d.round}
+        if d.open and len(ends) > number:  # undecided, or decided and its gate not yet
             open_now.append(pair.id)
             go_on.update(c.id for p in (pair, *floors) for c in (p.a, p.b))
+        elif d.verdict is None:
+            stopped[pair.id] = {"prompts": d.look.n, "round": number, "maximum": ends[-1]}
     if previous:
         before = json.loads(Path(previous).read_text())
         changed = [k for k, v in before.get("decided", {}).items() if decided.get(k, {}).get("verdict") != v["verdict"]]

@@ -357,7 +357,7 @@ def verdict_rows(config: dict[str, Any], pairs: list[dict], per_prompt: dict[str
                for pid, df in per_prompt.items() if {"correct_a", "correct_b"} <= set(df.columns)}
     return decision.with_decisions(pairs, outcomes, looks_of, config["verdict"]["margin"],
                                    judged=len(judged_pairs(planned_pairs)), intervals=len(planned_pairs),
-                                   correct=correct)
+                                   correct=correct, gate=config.get("gate"))
 
 
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:
