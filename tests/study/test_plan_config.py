@@ -131,19 +131,19 @@ def test_duplicate_keys_in_yaml_are_refused(tmp_path):
 #          bs8 cell); 18 x 24 = 432 (precision 14 x 24 = 336, batch size 4 x 24 = 96).
 SHIPPED_PLANS = {
     "config.yaml": dict(
-        # fp32, cache on, bs1 on onestep: the reference, FP8 E5M2 KV cache, chunked prefill and
+        # fp32, cache on, bs4 on onestep: the reference, FP8 E5M2 KV cache, chunked prefill and
         # the reference run again (4); pairs: the two comparisons and the noise floor (3).
         cells=4, pairs={"kv_dtype": 1, "prefill_chunk": 1, "repeat": 1},
-        cell_ids=["smollm2-135m/onestep/fp32-on-bs1-greedy-none",
-                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-kv_dtype=fp8_e5m2",
-                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-prefill_chunk=16",
-                  "smollm2-135m/onestep/fp32-on-bs1-greedy-none-repeat=2"],
-        absent_cell_ids=["smollm2-135m/onestep/fp16-on-bs1-greedy-none",
-                         "smollm2-135m/onestep/fp32-on-bs1-greedy-none-kv_dtype=fp8_e4m3"],
-        pair_ids=["smollm2-135m/onestep/kv_dtype/default_vs_fp8_e5m2/fp32-on-bs1-greedy-none-kv_dtype=x",
-                  "smollm2-135m/onestep/prefill_chunk/default_vs_16/fp32-on-bs1-greedy-none-prefill_chunk=x",
-                  "smollm2-135m/onestep/repeat/default_vs_2/fp32-on-bs1-greedy-none-repeat=x"],
-        absent_pair_ids=["smollm2-135m/onestep/kv_dtype/default_vs_fp8_e4m3/fp32-on-bs1-greedy-none-kv_dtype=x"]),
+        cell_ids=["smollm2-135m/onestep/fp32-on-bs4-greedy-none",
+                  "smollm2-135m/onestep/fp32-on-bs4-greedy-none-kv_dtype=fp8_e5m2",
+                  "smollm2-135m/onestep/fp32-on-bs4-greedy-none-prefill_chunk=16",
+                  "smollm2-135m/onestep/fp32-on-bs4-greedy-none-repeat=2"],
+        absent_cell_ids=["smollm2-135m/onestep/fp16-on-bs4-greedy-none",
+                         "smollm2-135m/onestep/fp32-on-bs4-greedy-none-kv_dtype=fp8_e4m3"],
+        pair_ids=["smollm2-135m/onestep/kv_dtype/default_vs_fp8_e5m2/fp32-on-bs4-greedy-none-kv_dtype=x",
+                  "smollm2-135m/onestep/prefill_chunk/default_vs_16/fp32-on-bs4-greedy-none-prefill_chunk=x",
+                  "smollm2-135m/onestep/repeat/default_vs_2/fp32-on-bs4-greedy-none-repeat=x"],
+        absent_pair_ids=["smollm2-135m/onestep/kv_dtype/default_vs_fp8_e4m3/fp32-on-bs4-greedy-none-kv_dtype=x"]),
     "tour.yaml": dict(
         # onestep_kv (the first 4 prompts): fp32/fp16 x cache on/off at bs1 (4); onestep:
         # the three precisions at bs1 (3) + bf16 at bs4 (1) + bf16/fp16 with C_gated (2) +

@@ -143,3 +143,31 @@ def test_the_config_readme_lists_every_shipped_config():
     listed = set(re.findall(r"\[`([\w.-]+\.yaml)`\]", (REPO / "config" / "README.md").read_text()))
     assert listed == {p.name for p in (REPO / "config").glob("*.yaml")}
     assert "config/README.md" in _local_links(REPO / "README.md")
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(round(seconds % 60))} s"
+
+
+def test_the_defaults_figures_are_its_runs_own_record():
+    """What the README and config/README say of the default (its machine, time, cells and each
+    comparison's verdict and prompts) is what a run of it recorded (`perf/run_record.py`, kept
+    in docs/records/), so the two cannot disagree."""
+    import json
+
+    records = sorted((REPO / "docs" / "records").glob("default-*.json"))
+    assert records
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    config_readme = (REPO / "config" / "README.md").read_text(encoding="utf-8")
+    for path in records:
+        record = json.loads(path.read_text())
+        assert record["device"]["name"] in readme and f"docs/records/{path.name}" in readme
+        extensions = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in record["device"]["extensions"].items())
+        assert extensions in readme
+        assert _duration(record["all_in_seconds"]) in readme and _duration(record["all_in_seconds"]) in config_readme
+        assert f"| {record['cells']}, {record['pairs']} |" in config_readme
+        for c in record["comparisons"]:
+            line = f"{c['comparison']}: **{c['verdict']}** after {c['prompts']} prompts ({c['parted']} of {c['n']} parted"
+            assert line in readme, line
+        for f in record["floors"]:
+            assert f"{f['parted']} of {f['n']} prompts parted when the same setting ran again" in readme

@@ -152,6 +152,7 @@ class Decision:
     decided_n: int | None = None  # the prompts the verdict took
     open: bool = False  # still going after this round
     gate: float | None = None  # the gate's bound it went on for
+    e_value: float | None = None  # "changes outputs": the e-value e-BH declared it with
 
 
 def could_decide(look: Look, remaining: int, margin: float, intervals: int, judged: int,
@@ -217,7 +218,7 @@ def decide(comparisons: dict[str, list], looks: dict[str, list[int]], margin: fl
             if key in closed:
                 if key in rejected and before.verdict is None:  # closed undecided, declared by a later e-BH
                     state[key] = Decision("changes outputs", look, number, rounds=len(mine), maximum=mine[-1],
-                                          decided_n=look.n)
+                                          decided_n=look.n, e_value=look.e_changes)
                 continue
             verdict, rnd, taken = (before.verdict, before.round, before.decided_n) if before and before.verdict \
                 else (None, None, None)
@@ -232,7 +233,8 @@ def decide(comparisons: dict[str, list], looks: dict[str, list[int]], margin: fl
             common = dict(rounds=len(mine), maximum=mine[-1], gate=bound)
             if verdict is not None:
                 going = gate_open and not last
-                state[key] = Decision(verdict, look, rnd, decided_n=taken, open=going, **common)
+                state[key] = Decision(verdict, look, rnd, decided_n=taken, open=going, e_value=declared.get(key),
+                                      **common)
             elif last:
                 state[key] = Decision(None, look, None, **common)
             elif not could_decide(look, mine[-1] - look.n, margin, intervals, judged, alpha):
@@ -406,7 +408,8 @@ def verdict_words(decision: Decision, parted: int, margin: float, needed: int | 
     later = (f"; it went on to {look.n} prompts for the gate at {decision.gate:.0%}"
              if decision.gate is not None and look.n > taken else "")
     if decision.verdict == "changes outputs":
-        return (f"changes outputs: shown {where} (e-value {look.e_changes:.3g}, e-BH at 5%){later} ({parted} of "
+        e = decision.e_value if decision.e_value is not None else look.e_changes
+        return (f"changes outputs: shown {where} (e-value {e:.3g}, e-BH at 5%){later} ({parted} of "
                 f"{look.n} parted; {span}, every interval of the study holding at once)")
     if decision.verdict == "within noise":
         return (f"within noise: within ±{margin:.0%} of the noise floor, shown {where}{later} ({parted} of {look.n} "
@@ -470,7 +473,8 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
             row.update(verdict=d.verdict or "undecided", verdict_words=verdict_words(d, parted_then, margin, needed),
                        floor_rate=(int(floor["n_diverged"]) / int(floor["n_prompts"])) if floor else None,
                        excess=(u - w) / max(1, d.look.n), interval_low=d.look.low, interval_high=d.look.high,
-                       interval_of="excess", e_value=d.look.e_changes, comparisons_tested=judged,
+                       interval_of="excess",
+                       e_value=d.e_value if d.e_value is not None else d.look.e_changes, comparisons_tested=judged,
                        floors_paired=json.dumps([{"n": d.look.n, "only_comparison": a, "neither_or_both": b,
                                                   "only_floor": c} for a, b, c in d.look.counts]),
                        round_decided=d.round, prompts_decided=d.decided_n or d.look.n, prompts_needed=needed,
