@@ -23,7 +23,8 @@ def _local_links(path):
 
 
 def test_every_docs_page_is_linked_from_the_readme():
-    linked = {target for target in _local_links(REPO / "README.md") if target.startswith("docs/")}
+    linked = {target for target in _local_links(REPO / "README.md")
+              if target.startswith("docs/") and target.endswith(".md")}
     pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
     assert pages and pages == linked, (pages, linked)
 
