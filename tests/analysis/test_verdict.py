@@ -110,7 +110,7 @@ def test_plan_says_what_the_rule_the_study_runs_can_decide():
     from tokenflip.study.plan import expand_cells, expand_pairs
 
     study = tiny_study()
-    study["verdict"] = {"rise": 0.5}
+    study["verdict"] = {"rise": 0.5, "bound": 0.2}
     config = cfg.validate(study, check_data=False)
     pairs = expand_pairs(config, expand_cells(config))
     lines = power_lines(config, pairs)
@@ -125,6 +125,9 @@ def test_plan_says_what_the_rule_the_study_runs_can_decide():
     assert f"with probability {chance:.0%}" in line
     need = prompts_needed(0.0, 0.0, "within", **levels)
     assert f"needs {need} prompts: not within this maximum" in line or f"is decided after {need} prompts" in line
+    bounded = prompts_needed(0.0, 0.0, "gate", bound=0.2, **levels)
+    assert any(x.endswith(f"shown at most 20% above its floor (verdict.bound) after {bounded} prompts"
+                          + ("" if bounded <= n else ": not within this maximum")) for x in lines)
 
 
 def test_the_curve_pools_a_comparisons_first_runs_only():

@@ -57,6 +57,13 @@ def power_lines(config: dict[str, Any], pairs) -> list[str]:
                 f"{chance:.0%} ({_about(need_change)} for even odds); parting on none, \"within ±{margin:.0%}\" "
                 + (f"is decided after {need_level} prompts" if need_level and need_level <= at[-1] else
                    f"needs {_about(need_level)}: not within this maximum"))
+            for what, bound in (("verdict.bound", (config.get("verdict") or {}).get("bound")),
+                                ("the gate", (config.get("gate") or {}).get("max_divergence"))):
+                if bound:
+                    need = prompts_needed(0.0, 0.0, "gate", bound=bound, **levels)
+                    lines.append(f"{where}: parting on none, shown at most {bound:.0%} above its floor ({what}) "
+                                 f"after {_about(need)}" + ("" if need and need <= at[-1] else
+                                                            ": not within this maximum"))
     return lines
 
 

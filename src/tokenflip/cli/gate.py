@@ -220,14 +220,16 @@ def _unreadable(message: str):
 def add_command(sub) -> None:
     from tokenflip.cli.args import number, path_arg
 
-    p = sub.add_parser("gate", help="a run's comparisons against a bound: pass (exit 0) where each is shown at "
-                                    "most the bound above its noise floor, fail (1) where one is shown above it or "
-                                    "loses accuracy significantly, inconclusive (3) otherwise, 4 where it cannot "
-                                    "judge (a cell missing, an unreadable summary); writes JUnit XML")
+    p = sub.add_parser("gate", help="a run's comparisons against a bound, read from the verdicts' own intervals: "
+                                    "pass (exit 0) where each is shown at most the bound above its noise floor, "
+                                    "fail (1) where one is shown above it or to lose accuracy, 2 on a usage error, "
+                                    "inconclusive (3) otherwise, 4 where it cannot judge (a cell missing, an "
+                                    "unreadable summary); writes JUnit XML")
     path_arg(p, "run", kind="dir", help="the run's results directory (results/<run>)")
     p.add_argument("--max-divergence", type=number(0, 1, "(a share of prompts)"),
-                   help="the largest share of prompts allowed to part above the noise floor (0.05 = 5%%; 0: none, "
-                        "zero tolerance); default: the study's `gate.max_divergence`, with its `gate.comparisons`")
+                   help="the largest share of prompts allowed to part above the noise floor (0.05 = 5%%; 0: fail "
+                        "only what is shown to part more than its floor); default: the study's "
+                        "`gate.max_divergence`, with its `gate.comparisons`")
     p.add_argument("--comparison", nargs="+",
                    help="only these comparisons: axes, or labels as the report shows them (replaces the study's "
                         "`gate.comparisons`; a --max-divergence given without it gates every comparison)")
