@@ -276,6 +276,16 @@ def test_what_the_gate_cannot_judge_has_its_own_code_never_a_pass(tmp_path):
     pq.write_table(edited.replace_schema_metadata(table.schema.metadata), path)
     proc = _gate(tmp_path, "--max-divergence", "0.05")
     assert proc.returncode == 4 and "table_sha256" in proc.stderr and str(path) in proc.stderr
+    # an edited declaration in the metadata (a stricter run's gate loosened): its digest refuses it
+    import json
+
+    _write(tmp_path, judged, gate={"max_divergence": 0.01})
+    table = pq.read_table(path)
+    meta = json.loads(table.schema.metadata[b"tokenflip"])
+    meta["gate"]["max_divergence"] = 1.0
+    pq.write_table(table.replace_schema_metadata({b"tokenflip": json.dumps(meta).encode()}), path)
+    proc = _gate(tmp_path)
+    assert proc.returncode == 4 and "meta_sha256" in proc.stderr and str(path) in proc.stderr
     # counts that are no counts, and a declared bound that is not a share
     for bad in ({"n_prompts": float("nan")}, {"n_diverged": N + 1}, {"n_prompts": -1}):
         _write(tmp_path, [judged[0], {**judged[1], **bad}])

@@ -114,6 +114,8 @@ def cmd_gate(args) -> None:
         pairs = table.to_pandas()
     except Exception as exc:  # noqa: BLE001 - a truncated, edited or foreign file: its own message and code
         _unreadable(f"{path}: not a readable summary of pairs ({type(exc).__name__}: {exc})")
+    if "meta_sha256" not in meta:  # the declared gate is read from the metadata: never unchecked
+        _unreadable(f"{path}: no meta_sha256 in its provenance (summarised by an older tokenflip): summarise again")
     if not {"interval_low", "interval_high", "intervals"} <= set(pairs.columns):
         _unreadable(f"{path}: summarised before every verdict came from one decision rule; summarise it again")
     declared = declared_gate(path)

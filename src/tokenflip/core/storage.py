@@ -220,11 +220,20 @@ def atomic_path(path: str | Path):
         raise
 
 
+def metadata_digest(meta: dict[str, Any]) -> str:
+    """sha256 over a file's tokenflip metadata (everything but this digest), in canonical JSON:
+    what a reader decides from the metadata (a summary's declared gate, say) is covered too."""
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> None:
-    """Write atomically with `metadata` as JSON in the schema metadata."""
+    """Write atomically with `metadata` as JSON in the schema metadata, with digests of the
+    table and of the metadata itself."""
     meta = dict(table.schema.metadata or {})
-    meta[META_KEY] = json.dumps({"schema_version": SCHEMA_VERSION, **metadata, "table_sha256": table_digest(table)},
-                                sort_keys=True, default=str).encode()
+    body = json.loads(json.dumps({"schema_version": SCHEMA_VERSION, **metadata, "table_sha256": table_digest(table)},
+                                 sort_keys=True, default=str))
+    meta[META_KEY] = json.dumps({**body, "meta_sha256": metadata_digest(body)}, sort_keys=True).encode()
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp:
         # zstd-3: the smallest of the fast codecs on these list columns (1.1-1.2x smaller than
@@ -250,7 +259,16 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     raw = (schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise StorageError(f"{path}: no tokenflip provenance in the Parquet metadata")
-    return json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise StorageError(f"{path}: its tokenflip provenance is not JSON") from None
+    if not isinstance(meta, dict):
+        raise StorageError(f"{path}: its tokenflip provenance is not a mapping")
+    recorded = meta.get("meta_sha256")  # files of an older tokenflip have none (the gate refuses those)
+    if recorded is not None and recorded != metadata_digest(meta):
+        raise StorageError(f"{path}: its metadata do not match the recorded meta_sha256: an edited or corrupt file")
+    return meta
 
 
 def read_table(path: str | Path, columns: list[str] | None = None,
