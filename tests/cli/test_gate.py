@@ -291,6 +291,23 @@ def test_what_the_gate_cannot_judge_has_its_own_code_never_a_pass(tmp_path):
         _write(tmp_path, [judged[0], {**judged[1], **bad}])
         proc = _gate(tmp_path, "--max-divergence", "0.05")
         assert proc.returncode == 4 and "comparison 'concurrency: quiet'" in proc.stderr, (bad, proc.stderr)
+    # counts the interval was not made from (written with fresh digests: what a forger can do)
+    import json as _json
+
+    forged = _json.dumps([{"n": N, "only_comparison": 10 ** 9, "neither_or_both": 0, "only_floor": 0}])
+    _write(tmp_path, [judged[0], {**judged[1], "floors_paired": forged}])
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "do not add up" in proc.stderr, proc.stderr
+    _write(tmp_path, [judged[0], {**judged[1], "interval_high": 0.001}])
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "its counts give" in proc.stderr, proc.stderr
+    for gate in (["max_divergence", 0.05], "engine"):
+        _write(tmp_path, judged, gate=gate)
+        proc = _gate(tmp_path)
+        assert proc.returncode == 4 and "not a mapping" in proc.stderr and "Traceback" not in proc.stderr
+    _write(tmp_path, judged, gate={"max_divergence": 0.05, "comparisons": "engine"})
+    proc = _gate(tmp_path)
+    assert proc.returncode == 4 and "not a list of names" in proc.stderr
     _write(tmp_path, judged, gate={"max_divergence": float("nan")})
     proc = _gate(tmp_path)
     assert proc.returncode == 4 and "gate.max_divergence nan, not a share" in proc.stderr

@@ -90,15 +90,11 @@ def outcomes(rows: list[dict], bound: float) -> list[Outcome]:
                                f"nothing to judge") for r in rows]
 
 
-def declared_gate(path: Path) -> dict:
-    """The `gate` block of the config the summary was made from ({} where none was declared,
-    or the file carries no tokenflip provenance)."""
-    from tokenflip.core.storage import StorageError, read_metadata
-
-    try:
-        return read_metadata(path).get("gate") or {}
-    except StorageError:
-        return {}
+def declared_gate(meta: dict) -> dict:
+    """The `gate` block of the config the summary was made from ({} where none was declared);
+    one that is not a mapping is unreadable."""
+    gate = meta.get("gate") or {}
+    return gate if isinstance(gate, dict) else {"malformed": gate}
 
 
 def cmd_gate(args) -> None:
@@ -118,7 +114,9 @@ def cmd_gate(args) -> None:
         _unreadable(f"{path}: no meta_sha256 in its provenance (summarised by an older tokenflip): summarise again")
     if not {"interval_low", "interval_high", "intervals"} <= set(pairs.columns):
         _unreadable(f"{path}: summarised before every verdict came from one decision rule; summarise it again")
-    declared = declared_gate(path)
+    declared = declared_gate(meta)
+    if "malformed" in declared:
+        _unreadable(f"{path}: the study declares a gate {str(declared['malformed'])[:40]!r}, not a mapping")
     bound = args.max_divergence if args.max_divergence is not None else declared.get("max_divergence")
     if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
                                   and 0 <= bound <= 1):  # NaN fails both comparisons
@@ -197,6 +195,35 @@ def unreadable_row(rows: list[dict]) -> str | None:
         if None in ends or not -1 <= ends[0] <= ends[1] <= 1 or not (_number(row, "intervals") or 0) >= 1:
             return (f"comparison {row['label']!r} ({row['pair_id']}): its interval {ends} is not an interval of a "
                     f"share; summarise the run again")
+        if (why := _interval_disagrees(row, ends)) is not None:
+            return f"comparison {row['label']!r} ({row['pair_id']}): {why}; summarise the run again"
+    return None
+
+
+def _interval_disagrees(row: dict, ends: list[float]) -> str | None:
+    """Why the row's interval is not the one its own counts give (None where it is): the gate
+    reads the interval, and checks it against the paired counts it was made from."""
+    from tokenflip.analysis.decision import interval
+
+    intervals, n = int(row["intervals"]), int(row["n_prompts"])
+    if row.get("interval_of") == "excess":
+        try:
+            counts = [(int(c["only_comparison"]), int(c["neither_or_both"]), int(c["only_floor"]), int(c["n"]))
+                      for c in json.loads(row["floors_paired"])]
+        except (TypeError, ValueError, KeyError, RecursionError):
+            return "its paired counts are not counts"
+        if not counts or any(min(c) < 0 or sum(c[:3]) != c[3] or c[3] > n for c in counts):
+            return f"its paired counts {counts[:4]} do not add up to at most its {n} prompts"
+        spans = [interval(u, lvl, w, intervals) for u, lvl, w, _ in counts]
+        expected = [min(s[0] for s in spans), max(s[1] for s in spans)]
+    elif row.get("interval_of") == "rate":
+        k = int(row["n_diverged"])
+        low, high = interval(k, n - k, 0, intervals)
+        expected = [max(0.0, low), high]
+    else:
+        return f"its interval is of {str(row.get('interval_of'))[:20]!r}, neither an excess nor a rate"
+    if any(abs(a - b) > 1e-9 for a, b in zip(ends, expected)):
+        return f"its interval {ends} is not the {expected} its counts give"
     return None
 
 
