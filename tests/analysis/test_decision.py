@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from tokenflip.analysis import decision
+from tokenflip.analysis.decision import forecast, rule
 from tokenflip.analysis.decision import (
     ALPHA,
     Look,
@@ -68,7 +68,7 @@ def test_the_gate_is_exact_at_its_bound(n, floor_only):
     bound = 0.05
     up = floor_only + bound
     for side, capital in (("fail", log_capital_above), ("pass", log_capital_below)):
-        u, w, p = decision._trinomial(n, up, floor_only)
+        u, w, p = forecast._trinomial(n, up, floor_only)
         threshold = math.log(2 / ALPHA)
         size = float(np.sum(p * (capital(u, n - u - w, w, bound) >= threshold)))
         assert size <= ALPHA / 2, (side, size)
@@ -110,7 +110,7 @@ def test_the_early_stop_is_exact_against_every_continuation():
     """For every start of 0 to 6 prompts and up to 6 prompts left, `could_decide` is true
     exactly when some continuation (all 3^r of them, looked at after every prompt) decides."""
     margin, intervals, judged = 0.3, 1, 1
-    threshold = decision._threshold(intervals, ALPHA)
+    threshold = rule._threshold(intervals, ALPHA)
 
     @functools.lru_cache(maxsize=None)
     def decided(u, l, w):
@@ -138,7 +138,7 @@ def test_within_noise_is_not_stopped_where_a_floor_only_parting_would_decide_it(
     decide "within noise": the stop must see that continuation, not only the all-level one."""
     look = Look(128, [(1, 127, 0)], 1.0, -1.0, 1.0)
     intervals = 1
-    threshold = decision._threshold(intervals, ALPHA)
+    threshold = rule._threshold(intervals, ALPHA)
     # find a margin at which the level continuation fails and one −1 more decides
     for margin in np.arange(0.05, 0.3, 0.0025):
         level = float(log_capital_above(1, 128, 0, -margin)) >= threshold and \

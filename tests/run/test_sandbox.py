@@ -40,7 +40,7 @@ needs_mbpp = pytest.mark.skipif(not MBPP_SANITIZED.is_file(), reason=f"no MBPP d
 
 
 def humaneval(n: int = 1, **spec):
-    return build_benchmark("he", {"kind": "humaneval", "n": n, "source": {"path": str(HUMANEVAL)}, **spec})
+    return build_benchmark("he", {"kind": "humaneval", "order": "source", "n": n, "source": {"path": str(HUMANEVAL)}, **spec})
 
 
 WRONG_HE0 = "def has_close_elements(numbers, threshold):\n    return False\n"
@@ -258,7 +258,7 @@ def test_exceptions_cross_by_type_name():
 @needs_sandbox
 @needs_mbpp
 def test_mbpp_wrong_and_forged_solutions_fail():
-    bench = build_benchmark("mb", {"kind": "mbpp", "n": 1, "source": {"path": str(MBPP_SANITIZED)}})
+    bench = build_benchmark("mb", {"kind": "mbpp", "order": "source", "n": 1, "source": {"path": str(MBPP_SANITIZED)}})
     item = bench.items()[0]
     assert bench.run(item, f"[BEGIN]\n{item.gold}\n[DONE]").passed
     fname = bench.task(item)["test_list"][0].split("assert ")[1].split("(")[0].strip()

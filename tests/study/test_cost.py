@@ -169,6 +169,18 @@ def test_the_default_costs_what_its_config_says(tmp_path):
     proc = _plan("--config", str(REPO / "config" / "config.yaml"), "--cost", "--json", "--root", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     cost = json.loads(proc.stdout)
+    # 4 cells on onestep (the reference, FP8 E5M2, chunked prefill, the reference again), each at
+    # most its rounds' maximum of 72 prompts, 32 new tokens each; its 3 pairs; no probe.
+    assert cost["rules"] == {"prepare_model": 1, "check_prompts": 1, "generate": 4, "compare": 3, "probe": 0,
+                             "summarize": 1, "report": 1}
+    assert cost["generate"]["prompts"] == 4 * 72
+    assert cost["generate"]["generated_tokens"] == 4 * 72 * 32
+
+
+def test_the_tour_costs_what_its_config_says(tmp_path):
+    proc = _plan("--config", str(REPO / "config" / "tour.yaml"), "--cost", "--json", "--root", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    cost = json.loads(proc.stdout)
     # 14 cells on onestep (at most 12 prompts, its rounds' maximum: 10, and 4 run again for the
     # noise floor) and 6 on onestep_kv (4 prompts: 4, and 2 run again), 32 new tokens each.
     assert cost["rules"] == {"prepare_model": 1, "check_prompts": 2, "generate": 20, "compare": 23, "probe": 2,

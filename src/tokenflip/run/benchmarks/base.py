@@ -55,7 +55,8 @@ VERDICTS = ("correct", "wrong", "no_answer", "passed", "failed", "timeout", "no_
 COMMON_SPEC_SCHEMA: dict[str, Any] = {
     "kind": {"type": "string"},
     "n": {"type": "integer", "minimum": 1,
-          "description": "the first n items of the drawn order (default: all): a random sample of n without replacement"},
+          "description": "the first n items of the drawn order (default: all): a random sample of n "
+                         "without replacement"},
     # The study's prompts are a seeded random sample of the benchmark (its verdicts assume prompts
     # in random order: a source sorted by date, topic or length would bias every look at a prefix).
     "order": {"enum": ["random", "source"], "default": "random",
@@ -132,7 +133,8 @@ class Benchmark(ABC):
         self.prompt_style = {key: spec.get(key, COMMON_SPEC_SCHEMA[key]["default"]) for key in PROMPT_KEYS}
         order, seed = (spec.get(key, COMMON_SPEC_SCHEMA[key]["default"]) for key in ORDER_KEYS)
         if order not in COMMON_SPEC_SCHEMA["order"]["enum"]:
-            raise BenchmarkError(f"benchmark {self.name!r}: order must be 'random' or 'source', got {str(order)[:40]!r}")
+            raise BenchmarkError(f"benchmark {self.name!r}: order must be 'random' or 'source', "
+                                 f"got {str(order)[:40]!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
             raise BenchmarkError(f"benchmark {self.name!r}: order_seed must be an integer from 0 to 2^32 - 1, "
                                  f"got {str(seed)[:40]!r}")

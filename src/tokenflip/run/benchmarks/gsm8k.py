@@ -165,8 +165,10 @@ class GSM8KBenchmark(MathBenchmark):
         """The first n records of the drawn order (all if n is None or larger than the split)."""
         if self._items is None:
             records = load_records(self._label(), self.source)
-            self._items = self.checked([self._item(index, record) for index, record in self.drawn(records)],
-                                       f"{self._label()} from {self.source_label()}")
+            # every record checked in the source's order (an error names its place there), then drawn
+            self._items = [item for _, item in self.drawn(self.checked(
+                [self._item(index, record) for index, record in enumerate(records)],
+                f"{self._label()} from {self.source_label()}"))]
         return list(self._items)
 
     def _item(self, index: int, record: dict) -> Item:

@@ -80,7 +80,7 @@ class HumanEvalBenchmark(CodeBenchmark):
         if self._items is None:
             records = load_records(self._label(), self.source)
             items = []
-            for index, record in self.drawn(records):
+            for index, record in enumerate(records):  # every record checked in the source's order, then drawn
                 try:
                     task = {k: record[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}
                 except (KeyError, TypeError) as e:
@@ -97,7 +97,8 @@ class HumanEvalBenchmark(CodeBenchmark):
                 self._tasks[item_id] = task
                 items.append(Item(id=item_id, question=task["prompt"], gold=task["canonical_solution"],
                                   solution=task["prompt"] + task["canonical_solution"]))
-            self._items = self.checked(items, f"{self._label()} from {self.source.label()}")
+            self._items = [item for _, item in self.drawn(self.checked(items, f"{self._label()} from "
+                                                                                f"{self.source.label()}"))]
         return list(self._items)
 
     def task(self, item: Item) -> dict:

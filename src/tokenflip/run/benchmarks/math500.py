@@ -52,7 +52,7 @@ class Math500Benchmark(Benchmark):
         if self._items is None:
             records = load_records(self._label(), self.source)
             items, seen = [], set()
-            for index, record in self.drawn(records):
+            for index, record in enumerate(records):  # every record checked in the source's order, then drawn
                 try:
                     problem, answer = record["problem"], record["answer"]
                 except (KeyError, TypeError) as e:
@@ -63,7 +63,8 @@ class Math500Benchmark(Benchmark):
                 item_id = f"math500-{slug}" if slug and slug not in seen else f"math500-{index:04d}"
                 seen.add(slug)
                 items.append(Item(id=item_id, question=problem, gold=str(answer), solution=record.get("solution")))
-            self._items = self.checked(items, f"{self._label()} from {self.source.label()}")
+            self._items = [item for _, item in self.drawn(self.checked(items, f"{self._label()} from "
+                                                                                f"{self.source.label()}"))]
         return list(self._items)
 
     def messages(self, item: Item) -> list[dict]:

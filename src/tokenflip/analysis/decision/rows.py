@@ -1,0 +1,155 @@
+"""The summary's pair rows, each with its one verdict and the words the report, the rounds'
+records and the gate show."""
+
+from __future__ import annotations
+
+import json
+
+from tokenflip.analysis.decision.forecast import MOST_PROMPTS, prompts_needed
+from tokenflip.analysis.decision.rule import (
+    ALPHA,
+    MARGIN,
+    Decision,
+    Look,
+    accuracy_drops,
+    decide,
+    gated,
+    guarantee,
+    interval,
+    log_capital_above,
+)
+
+def repeat_floors(rows: list[dict]) -> dict[str, list[dict]]:
+    """Every finished repeat pair, under each of its two runs' cell ids: the floors a cell's
+    comparisons are judged against."""
+    floors: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("axis") == "repeat" and row.get("status") == "done":
+            for cell in (row["cell_a"], row["cell_b"]):  # a floor of both runs
+                floors.setdefault(cell, []).append(row)
+    return floors
+
+
+def outcome_sequence(order: list, parted: set, floor_order: list, floor_parted: set) -> list[int]:
+    """The comparison's outcome minus its floor's on each prompt both measured, in the
+    comparison's order (1: only the comparison parted, −1: only the floor)."""
+    shared = set(floor_order)
+    return [int(p in parted) - int(p in floor_parted) for p in order if p in shared]
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def _needed(look: Look, margin: float, intervals: int, judged: int) -> int | None:
+    """Prompts needed at the rates seen against the floor that decides (the smallest e-value)."""
+    u, _, w = min(look.counts, key=lambda c: float(log_capital_above(*c, 0.0)))
+    n = max(1, look.n)
+    return prompts_needed(u / n, w / n, "verdict", start=look.n, margin=margin, intervals=intervals, judged=judged)
+
+
+def verdict_words(decision: Decision, parted: int, margin: float, needed: int | None) -> str:
+    look = decision.look
+    taken = decision.decided_n or look.n
+    where = (f"in round {decision.round} of {decision.rounds}, after {taken} prompts" if decision.rounds > 1 else
+             f"after {taken} prompts")
+    span = f"its excess over the noise floor {_pct(look.low)} to {_pct(look.high)}"
+    later = (f"; it went on to {look.n} prompts for the gate at {decision.gate:.0%}"
+             if decision.gate is not None and look.n > taken else "")
+    if decision.verdict == "changes outputs":
+        e = decision.e_value if decision.e_value is not None else look.e_changes
+        return (f"changes outputs: shown {where} (e-value {e:.3g}, e-BH at 5%){later} ({parted} of "
+                f"{look.n} parted; {span}, every interval of the study holding at once)")
+    if decision.verdict == "within noise":
+        return (f"within noise: within ±{margin:.0%} of the noise floor, shown {where}{later} ({parted} of {look.n} "
+                f"parted; {span})")
+    why = (f"stopped after {look.n} prompts: no continuation to its maximum of {decision.maximum} could decide it"
+           if decision.stopped_early else f"at its maximum of {look.n} prompts")
+    more = (f"about {needed} prompts in all would decide it at the rates seen" if needed else
+            f"more than {MOST_PROMPTS:,} prompts would be needed at the rates seen")
+    return f"undecided {why} ({parted} parted; {span}): {more}"
+
+
+def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], looks_of, margin: float = MARGIN,
+                   alpha: float = ALPHA, judged: int | None = None, intervals: int | None = None,
+                   correct: dict[str, list[tuple[str, bool, bool]]] | None = None,
+                   gate: dict | None = None) -> list[dict]:
+    """The summary's pair rows, each with its one verdict. `outcomes`: each pair's prompts in
+    drawn order and those that parted; `looks_of(row)`: the prompts its benchmark has at each
+    round (`[n]` without rounds); `judged` and `intervals`: the study's families (its planned
+    judged comparisons and its planned pairs); `correct`: per pair, (prompt, a right, b right)
+    for the scored prompts, for the accuracy rule; `gate`: the study's declared gate (its
+    comparisons go on after their verdict until the gate is decided, as the rounds did)."""
+    floors = repeat_floors(rows)
+    comparisons, looks, floor_rows = {}, {}, {}
+    for row in rows:
+        if row.get("status") != "done" or row.get("axis") == "repeat" or not int(row["n_prompts"]):
+            continue
+        order, parted = outcomes[row["pair_id"]]
+        mine = {f["pair_id"]: f for f in [*floors.get(row["cell_a"], []), *floors.get(row["cell_b"], [])]}
+        seqs = [outcome_sequence(order, parted, *outcomes[f]) for f in mine]
+        seqs = [s for s in seqs if s]  # a floor measured on other prompts says nothing of these
+        if seqs:
+            comparisons[row["pair_id"]] = seqs
+            looks[row["pair_id"]] = [min(n, min(map(len, seqs))) for n in looks_of(row)] or [min(map(len, seqs))]
+            floor_rows[row["pair_id"]] = list(mine.values())
+    names = {r["pair_id"]: (r["axis"], r.get("label")) for r in rows}
+    gates = {pid: bound for pid in comparisons if (bound := gated({"gate": gate}, *names[pid])) is not None}
+    judged = max(judged or 0, len(comparisons))
+    intervals = max(intervals or 0, len(rows), judged)
+    decisions = decide(comparisons, looks, margin, alpha, intervals, gates)
+    drops = accuracy_drops({pid: _accuracy_counts(scored, decisions[pid].look.n if pid in decisions else None,
+                                                   outcomes[pid][0])
+                            for pid, scored in (correct or {}).items() if scored}, alpha)
+    out = []
+    for row in rows:
+        row = {**row, "verdict": None, "verdict_words": None, "floor_rate": None, "excess": None,
+               "interval_low": None, "interval_high": None, "interval_of": None, "e_value": None,
+               "comparisons_tested": None, "floors_paired": None, "round_decided": None, "prompts_decided": None,
+               "prompts_needed": None, "stopped_early": None, "accuracy_dropped": row.get("pair_id") in drops,
+               "intervals": intervals, "guarantee": guarantee(intervals, judged, alpha)}
+        if row.get("status") != "done":
+            out.append(row)
+            continue
+        k, n, pid = int(row["n_diverged"]), int(row["n_prompts"]), row["pair_id"]
+        if pid in decisions:
+            d = decisions[pid]
+            deciding = min(range(len(d.look.counts)), key=lambda i: float(log_capital_above(*d.look.counts[i], 0.0)))
+            u, l, w = d.look.counts[deciding]
+            floor = floor_rows[pid][deciding] if deciding < len(floor_rows[pid]) else None
+            needed = None if d.verdict else _needed(d.look, margin, intervals, judged)
+            parted_then = sum(p in outcomes[pid][1] for p in outcomes[pid][0][: d.look.n])  # at its last look
+            row.update(verdict=d.verdict or "undecided", verdict_words=verdict_words(d, parted_then, margin, needed),
+                       floor_rate=(int(floor["n_diverged"]) / int(floor["n_prompts"])) if floor else None,
+                       excess=(u - w) / max(1, d.look.n), interval_low=d.look.low, interval_high=d.look.high,
+                       interval_of="excess",
+                       e_value=d.e_value if d.e_value is not None else d.look.e_changes, comparisons_tested=judged,
+                       floors_paired=json.dumps([{"n": d.look.n, "only_comparison": a, "neither_or_both": b,
+                                                  "only_floor": c} for a, b, c in d.look.counts]),
+                       round_decided=d.round, prompts_decided=d.decided_n or d.look.n, prompts_needed=needed,
+                       stopped_early=d.stopped_early)
+            out.append(row)
+            continue
+        low, high = interval(k, n - k, 0, intervals, alpha)  # a noise floor, or no floor: its own rate
+        low = max(0.0, low)  # a rate is never below 0
+        row.update(interval_low=low, interval_high=high, interval_of="rate")
+        if row.get("axis") == "repeat":
+            row.update(verdict="noise floor", floor_rate=k / n if n else None,
+                       verdict_words=f"noise floor: {k} of {n} prompts parted when the same setting ran again "
+                                     f"(the rate {low:.1%} to {high:.1%})")
+        elif k == 0:
+            row.update(verdict="none parted", verdict_words=f"none parted: 0 of {n} prompts, and no repeat measured "
+                                                            f"this engine's noise (the rate at most {high:.1%})")
+        else:
+            row.update(verdict="no floor", verdict_words=f"no floor: {k} of {n} prompts parted; no repeat measured "
+                                                         f"this engine's own noise, so whether that is more than its "
+                                                         f"noise is not known (add repeat: [default, 2])")
+        out.append(row)
+    return out
+
+
+def _accuracy_counts(scored: list[tuple[str, bool, bool]], n: int | None, order: list) -> tuple[int, int, int]:
+    """(a right and b wrong, same, a wrong and b right) on the scored prompts among the first n."""
+    kept = set(order[:n]) if n is not None else None
+    pairs = [(a, b) for p, a, b in scored if kept is None or p in kept]
+    return sum(a and not b for a, b in pairs), sum(a == b for a, b in pairs), sum(b and not a for a, b in pairs)
