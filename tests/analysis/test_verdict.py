@@ -164,3 +164,15 @@ def test_the_curve_pools_a_comparisons_first_runs_only():
     repeat = rows[rows["axis"] == "repeat"]
     assert repeat[["tokens", "still_identical"]].values.tolist() == [[0, 1.0], [6, 1.0]]
     assert set(repeat["n_prompts"]) == {4}
+
+
+def test_a_floor_on_other_prompts_is_left_out_with_its_row():
+    """Two repeat pairs of the comparison's cell, the first measured on other prompts only: the
+    comparison is judged against the second, and its floor rate is that floor's, not the first's."""
+    rows = [row("repeat", "a", "a-r2", 6, 12), row("repeat", "a", "a-r3", 3, 12), row("precision", "a", "b", 12, 12)]
+    outcomes = {rows[0]["pair_id"]: ([f"q{i}" for i in range(12)], {f"q{i}" for i in range(6)}),
+                rows[1]["pair_id"]: (ids(*range(12)), set(ids(*range(3)))),
+                rows[2]["pair_id"]: (ids(*range(12)), set(ids(*range(12))))}
+    out = with_decisions(rows, outcomes, lambda r: [12])
+    assert out[2]["floor_rate"] == pytest.approx(3 / 12)
+    assert len(__import__("json").loads(out[2]["floors_paired"])) == 1

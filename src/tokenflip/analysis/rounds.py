@@ -92,7 +92,7 @@ def decide_round(config: dict[str, Any], layout: RunLayout, number: int, judged:
         comparisons[pair.id] = seqs
         looks[pair.id] = [len(order) if e is None else e for e in ends]
     gates = {pair.id: bound for pair, _ in judged
-             if (bound := decision.gated(config, pair.axis, pair.label)) is not None}
+             if (bound := decision.gated(config.get("gate"), pair.axis, pair.label)) is not None}
     decisions = decision.decide(comparisons, looks, asked["margin"], ALPHA, asked["intervals"], gates, through=number)
     decided, stopped, open_now, go_on = {}, {}, [], set()
     for pair, floors in judged:

@@ -48,11 +48,13 @@ def _number(row: dict, key: str) -> float | None:
 def _rates(row: dict) -> tuple[float, float]:
     """The rates of +1 and −1 outcomes the row's interval was made from (its deciding floor's
     paired counts, or its own rate)."""
+    from tokenflip.analysis.decision import deciding_counts
+
     text = row.get("floors_paired")
     if row.get("interval_of") == "excess" and isinstance(text, str) and text:
         counts = json.loads(text)
         n = max(1, int(counts[0]["n"]))
-        up, down = max((c["only_comparison"], c["only_floor"]) for c in counts)
+        up, _, down = deciding_counts([(c["only_comparison"], c["neither_or_both"], c["only_floor"]) for c in counts])
         return up / n, down / n
     n = max(1, int(row["n_prompts"]))
     return int(row["n_diverged"]) / n, 0.0

@@ -49,6 +49,7 @@ from tokenflip.analysis.decision.rule import (
     accuracy_drops,
     could_decide,
     decide,
+    deciding_counts,
     e_bh,
     gated,
     guarantee,
@@ -57,6 +58,7 @@ from tokenflip.analysis.decision.rule import (
     log_capital_below,
 )
 
-__all__ = ["ALPHA", "BETS", "MARGIN", "MOST_PROMPTS", "Decision", "Look", "accuracy_drops", "chance_at", "could_decide",
-           "decide", "decides", "e_bh", "gated", "guarantee", "interval", "log_capital_above", "log_capital_below",
-           "outcome_sequence", "power", "prompts_needed", "repeat_floors", "verdict_words", "with_decisions"]
+__all__ = ["ALPHA", "BETS", "MARGIN", "MOST_PROMPTS", "Decision", "Look", "accuracy_drops", "chance_at",
+           "could_decide", "decide", "decides", "deciding_counts", "e_bh", "gated", "guarantee", "interval",
+           "log_capital_above", "log_capital_below", "outcome_sequence", "power", "prompts_needed",
+           "repeat_floors", "verdict_words", "with_decisions"]

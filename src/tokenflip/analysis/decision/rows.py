@@ -16,8 +16,8 @@ from tokenflip.analysis.decision.rule import (
     gated,
     guarantee,
     interval,
-    log_capital_above,
 )
+
 
 def repeat_floors(rows: list[dict]) -> dict[str, list[dict]]:
     """Every finished repeat pair, under each of its two runs' cell ids: the floors a cell's
@@ -43,7 +43,7 @@ def _pct(x: float) -> str:
 
 def _needed(look: Look, margin: float, intervals: int, judged: int) -> int | None:
     """Prompts needed at the rates seen against the floor that decides (the smallest e-value)."""
-    u, _, w = min(look.counts, key=lambda c: float(log_capital_above(*c, 0.0)))
+    u, _, w = look.deciding()
     n = max(1, look.n)
     return prompts_needed(u / n, w / n, "verdict", start=look.n, margin=margin, intervals=intervals, judged=judged)
 
@@ -87,14 +87,15 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
             continue
         order, parted = outcomes[row["pair_id"]]
         mine = {f["pair_id"]: f for f in [*floors.get(row["cell_a"], []), *floors.get(row["cell_b"], [])]}
-        seqs = [outcome_sequence(order, parted, *outcomes[f]) for f in mine]
-        seqs = [s for s in seqs if s]  # a floor measured on other prompts says nothing of these
-        if seqs:
-            comparisons[row["pair_id"]] = seqs
-            looks[row["pair_id"]] = [min(n, min(map(len, seqs))) for n in looks_of(row)] or [min(map(len, seqs))]
-            floor_rows[row["pair_id"]] = list(mine.values())
+        # a floor measured on other prompts says nothing of these: left out, its row with it
+        paired = [(f, s) for f, s in ((f, outcome_sequence(order, parted, *outcomes[pid])) for pid, f in mine.items())
+                  if s]
+        if paired:
+            comparisons[row["pair_id"]] = [s for _, s in paired]
+            looks[row["pair_id"]] = [min(n, min(len(s) for _, s in paired)) for n in looks_of(row)]
+            floor_rows[row["pair_id"]] = [f for f, _ in paired]
     names = {r["pair_id"]: (r["axis"], r.get("label")) for r in rows}
-    gates = {pid: bound for pid in comparisons if (bound := gated({"gate": gate}, *names[pid])) is not None}
+    gates = {pid: bound for pid in comparisons if (bound := gated(gate, *names[pid])) is not None}
     judged = max(judged or 0, len(comparisons))
     intervals = max(intervals or 0, len(rows), judged)
     decisions = decide(comparisons, looks, margin, alpha, intervals, gates)
@@ -114,9 +115,8 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
         k, n, pid = int(row["n_diverged"]), int(row["n_prompts"]), row["pair_id"]
         if pid in decisions:
             d = decisions[pid]
-            deciding = min(range(len(d.look.counts)), key=lambda i: float(log_capital_above(*d.look.counts[i], 0.0)))
-            u, l, w = d.look.counts[deciding]
-            floor = floor_rows[pid][deciding] if deciding < len(floor_rows[pid]) else None
+            u, l, w = d.look.deciding()
+            floor = floor_rows[pid][d.look.counts.index((u, l, w))]
             needed = None if d.verdict else _needed(d.look, margin, intervals, judged)
             parted_then = sum(p in outcomes[pid][1] for p in outcomes[pid][0][: d.look.n])  # at its last look
             row.update(verdict=d.verdict or "undecided", verdict_words=verdict_words(d, parted_then, margin, needed),

@@ -78,6 +78,12 @@ def e_bh(e_values: dict, alpha: float = ALPHA, family: int | None = None) -> set
     return {key for key, _ in ranked[:k]}
 
 
+def deciding_counts(counts: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """Of a comparison's counts against each floor, those of the floor that decides it: the one
+    it is least shown to exceed (the smallest K⁺(0))."""
+    return min(counts, key=lambda c: float(log_capital_above(*c, 0.0)))
+
+
 @dataclass
 class Look:
     """A comparison at one look, against each of its floors."""
@@ -94,6 +100,10 @@ class Look:
         spans = [interval(*c, intervals=intervals, alpha=alpha) for c in counts]
         e = min(float(np.exp(log_capital_above(*c, 0.0))) for c in counts)
         return cls(n, counts, e, min(s[0] for s in spans), max(s[1] for s in spans))
+
+    def deciding(self) -> tuple[int, int, int]:
+        """The counts against the floor that decides: the one with the smallest K⁺(0)."""
+        return deciding_counts(self.counts)
 
     def within(self, margin: float) -> bool:
         return -margin < self.low and self.high < margin
@@ -208,10 +218,11 @@ def decide(comparisons: dict[str, list], looks: dict[str, list[int]], margin: fl
     return state
 
 
-def gated(config: dict, axis: str, label: str) -> float | None:
-    """The bound a study's declared gate holds this comparison to (None: not gated): `gate:
-    {max_divergence, comparisons}`, every comparison where no list names axes or labels."""
-    gate = config.get("gate") or {}
+def gated(gate: dict | None, axis: str, label: str) -> float | None:
+    """The bound a study's declared gate (its config's `gate: {max_divergence, comparisons}`)
+    holds this comparison to (None: not gated); every comparison where no list names axes or
+    labels."""
+    gate = gate or {}
     names = gate.get("comparisons")
     if gate.get("max_divergence") is None or (names and axis not in names and label not in names):
         return None
