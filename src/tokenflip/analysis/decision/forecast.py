@@ -85,7 +85,7 @@ def power(looks: list[int], up: float, down: float, question: str = "verdict", *
     from scipy.signal import fftconvolve
     from scipy.stats import binom
 
-    size = looks[-1] + 1
+    rest = down / (1 - up) if up < 1 else 0.0  # a −1 among the prompts that are not +1
     mass = np.zeros((1, 1))
     mass[0, 0] = 1.0
     done, before = 0.0, 0
@@ -93,7 +93,6 @@ def power(looks: list[int], up: float, down: float, question: str = "verdict", *
         step = n - before
         inc = np.zeros((step + 1, step + 1))
         for u in range(step + 1):
-            rest = down / (1 - up) if up < 1 else 0.0
             inc[u, : step - u + 1] = binom.pmf(u, step, up) * binom.pmf(np.arange(step - u + 1), step - u, rest)
         mass = np.clip(fftconvolve(mass, inc)[: n + 1, : n + 1], 0, None)
         ups, downs = np.meshgrid(np.arange(mass.shape[0]), np.arange(mass.shape[1]), indexing="ij")
@@ -103,5 +102,4 @@ def power(looks: list[int], up: float, down: float, question: str = "verdict", *
         done += float(mass[hit].sum())
         mass[hit | ~ok] = 0.0
         before = n
-    del size
     return min(1.0, done)
