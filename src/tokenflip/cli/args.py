@@ -163,9 +163,24 @@ def length_arg(text: str) -> tuple[str, float]:
 
 
 def url(text: str) -> str:
-    """An endpoint's base URL: http(s), no spaces, bounded."""
+    """An endpoint's base URL: http(s), no spaces, bounded, no credentials (a key comes from
+    --api-key-env; a URL is printed and recorded), no query or fragment."""
+    from urllib.parse import urlsplit
+
+    from tokenflip.core.excerpt import excerpt
+
     if len(text) > 2048 or not text.startswith(("http://", "https://")) or any(c.isspace() for c in text):
-        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {shown(text, 80)}")
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {excerpt(text, 80)}")
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - a port that is no number raises here
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a URL: {excerpt(text, 80)}") from None
+    if "@" in parts.netloc:
+        raise argparse.ArgumentTypeError(f"the URL holds a user name or password (…@{parts.hostname}): name the "
+                                         f"variable that holds the key with --api-key-env instead")
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"a base URL takes no query or fragment, got {excerpt(text, 80)}")
     return text.rstrip("/")
 
 

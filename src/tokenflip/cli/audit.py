@@ -181,6 +181,23 @@ def check_tokenizer(args, endpoints: dict[str, dict[str, Any]], label: str) -> N
             raise ConfigError(why)
 
 
+def check_credentials(sides) -> None:
+    """Refuse every side's URL and key variable before any request goes to any server: a
+    variable that holds no key for it (its value would be sent), or one that is not set."""
+    import os
+
+    from tokenflip.run.engines.endpoint.entries import entry_problems
+    from tokenflip.study.config import ConfigError
+
+    for name, url_, _, key_env in sides:
+        for why in entry_problems(name, {"url": url_, "api_key_env": key_env}):
+            raise ConfigError(why.replace(f"endpoints.{name}.api_key_env", "--api-key-env" if name == sides[0][0]
+                                          else "--against-key-env"))
+        if key_env and not os.environ.get(key_env):
+            raise ConfigError(f"{'--api-key-env' if name == sides[0][0] else '--against-key-env'}: the variable "
+                              f"${key_env} is not set (it holds the key of {url_}); nothing was sent")
+
+
 def cmd_audit(args) -> None:
     from tokenflip.run.engines.endpoint.engine import CACHE_SALT_SERVERS
     from tokenflip.run.engines.endpoint.server import problem, scores_kind_of, server_kind_of
@@ -195,6 +212,7 @@ def cmd_audit(args) -> None:
         if second == first:
             raise ConfigError(f"--against-name {second!r} is the first endpoint's name too: give two names")
         sides.append((second, args.against, args.against_model or args.model, args.against_key_env or args.api_key_env))
+    check_credentials(sides)  # every side's, before the first request to any
     endpoints = {}
     for name, url_, model, key_env in sides:
         spec = {"url": url_, "model": model, "api_key_env": key_env, "timeout_s": 60, "retries": 2}

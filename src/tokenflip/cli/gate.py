@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenflip.core.excerpt import excerpt
 from tokenflip.core.layout import gate_junit_of, summary_of
 
 USAGE = 2
@@ -119,7 +120,7 @@ def cmd_gate(args) -> None:
         _unreadable(f"{path}: summarised before every verdict came from one decision rule; summarise it again")
     declared = declared_gate(meta)
     if "malformed" in declared:
-        _unreadable(f"{path}: the study declares a gate {str(declared['malformed'])[:40]!r}, not a mapping")
+        _unreadable(f"{path}: the study declares a gate {excerpt(declared['malformed'])}, not a mapping")
     bound = args.max_divergence if args.max_divergence is not None else declared.get("max_divergence")
     if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
                                   and 0 <= bound <= 1):  # NaN fails both comparisons
@@ -130,7 +131,7 @@ def cmd_gate(args) -> None:
     comparisons = args.comparison or (declared.get("comparisons") if args.max_divergence is None else None)
     if comparisons is not None and (not isinstance(comparisons, list)
                                     or not all(isinstance(c, str) for c in comparisons)):
-        _unreadable(f"{path}: the study declares gate.comparisons {str(comparisons)[:60]!r}, not a list of names")
+        _unreadable(f"{path}: the study declares gate.comparisons {excerpt(comparisons)}, not a list of names")
     if comparisons:
         pairs = pairs[pairs["axis"].isin(comparisons) | pairs["label"].isin(comparisons)]
         if pairs.empty:
@@ -224,7 +225,7 @@ def _interval_disagrees(row: dict, ends: list[float]) -> str | None:
         low, high = interval(k, n - k, 0, intervals)
         expected = [max(0.0, low), high]
     else:
-        return f"its interval is of {str(row.get('interval_of'))[:20]!r}, neither an excess nor a rate"
+        return f"its interval is of {excerpt(row.get('interval_of'))}, neither an excess nor a rate"
     if any(abs(a - b) > 1e-9 for a, b in zip(ends, expected)):
         return f"its interval {ends} is not the {expected} its counts give"
     return None

@@ -22,6 +22,7 @@ from tokenflip.cli.args import check_paths, config_args, json_arg, length_arg, m
 from tokenflip.cli.audit import add_commands as add_endpoint_commands
 from tokenflip.cli.gate import add_command as add_gate_command
 from tokenflip.cli.run_cell import cmd_run_cell
+from tokenflip.core.excerpt import redacted
 from tokenflip.core.inputs import InputError, shown
 
 
@@ -363,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
             ResultError, PromptFormatError, InputError, CostInputError, EndpointError, WorkerError, VllmError,
             ServedTokenizerError) as exc:
-        print(f"tokenflip {args.command}: error: {exc}", file=sys.stderr)
+        print(f"tokenflip {args.command}: error: {redacted(str(exc))}", file=sys.stderr)
         return 1
     except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback
         where = f"{shown(exc.filename)}: " if exc.filename is not None else ""

@@ -16,7 +16,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["InputError", "shown", "check_input_file", "check_input_dir", "check_output", "loads_json",
+from tokenflip.core.excerpt import redacted
+
+__all__ = ["InputError", "shown", "yaml_problem", "kernel_file", "check_input_file", "check_input_dir", "check_output", "loads_json",
            "read_json_file", "check_yaml_file", "MAX_TEXT_FILE_BYTES", "MAX_DEPTH", "MAX_NODES"]
 
 # A config or calibration file is a few kB; a megabyte is no file of either kind.
@@ -89,9 +91,24 @@ def _existing(path: str | os.PathLike, where: str, is_kind, missing: str, noun: 
     return path, st
 
 
+# Trees of files that stat as regular but are the kernel's: /proc/self/environ holds the
+# process's whole environment, keys included, and reads as a file of 0 bytes.
+KERNEL_TREES = ("/proc", "/sys", "/dev")
+
+
+def kernel_file(path: str | os.PathLike) -> str | None:
+    """The kernel tree `path` reaches (through any symlink), or None: such a file is no data,
+    and whatever it holds must not be read into a message."""
+    real = os.path.realpath(path)
+    return next((tree for tree in KERNEL_TREES if real == tree or real.startswith(tree + "/")), None)
+
+
 def check_input_file(path: str | os.PathLike, where: str = "", max_bytes: int | None = None) -> Path:
-    """`path` as a Path if it is a regular file (of at most `max_bytes`); else `InputError`."""
+    """`path` as a Path if it is a regular file (of at most `max_bytes`), not one of the
+    kernel's (`kernel_file`); else `InputError`."""
     path, st = _existing(path, where, stat.S_ISREG, "file not found", "file")
+    if tree := kernel_file(path):
+        raise InputError(f"{_label(where, path)}: a file of the kernel's {tree} tree, not a data file")
     if max_bytes is not None and st.st_size > max_bytes:
         raise InputError(f"{_label(where, path)}: {st.st_size:,} bytes, more than the {max_bytes:,} such a file "
                          f"can need")
@@ -220,5 +237,14 @@ def check_yaml_file(path: str | os.PathLike, where: str, max_bytes: int = MAX_TE
                 raise InputError(f"{label}: more than {MAX_NODES:,} values once its aliases (*name) are expanded "
                                  f"(line {event.start_mark.line + 1})")
     except yaml.YAMLError as exc:
-        raise InputError(f"{label}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+        raise InputError(f"{label}: not valid YAML: {yaml_problem(exc)}") from None
     return path
+
+
+def yaml_problem(exc: Exception) -> str:
+    """What PyYAML found wrong, and where (line, column), without the excerpt of the file it
+    prints under it: that line may be a credential."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{redacted(' '.join(str(problem).split()))[:200]}{at}"

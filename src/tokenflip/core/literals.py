@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator
 
+from tokenflip.core.excerpt import excerpt
+
 __all__ = ["unencodable", "literal_problems"]
 
 
@@ -16,12 +18,12 @@ def unencodable(text: str) -> str | None:
     """Why `text` cannot be written as UTF-8 (a lone surrogate such as "\\ud800") or passed
     as a file name or C string (a NUL character), or None."""
     if "\0" in text:
-        return (f"{text[:40]!r} holds a NUL character at position {text.index(chr(0))}, which no file name or "
+        return (f"{excerpt(text)} holds a NUL character at position {text.index(chr(0))}, which no file name or "
                 f"C string can hold")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        return (f"{text[:40]!r} holds {text[exc.start]!r} at position {exc.start}, which UTF-8 cannot encode "
+        return (f"{excerpt(text)} holds {text[exc.start]!r} at position {exc.start}, which UTF-8 cannot encode "
                 f"(a lone surrogate); no tokenizer or file can take it")
     return None
 

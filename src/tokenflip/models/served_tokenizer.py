@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tokenflip.core.excerpt import excerpt, keep_secret
+
 # A server's tokenizer, prepared: the server's URL and model, the routes it offers, the
 # special ids it names and its ids' digest.
 FILE = "served_tokenizer.json"
@@ -113,7 +115,7 @@ def headers(spec: dict[str, Any]) -> dict[str, str]:
     if not os.environ.get(name):
         raise ServedTokenizerError(f"endpoint {spec['url']}: its API key variable ${name} is not set in this "
                                    f"environment")
-    return {"Authorization": f"Bearer {os.environ[name]}"}
+    return {"Authorization": f"Bearer {keep_secret(os.environ[name])}"}
 
 
 class ServedTokenizer:
@@ -151,9 +153,9 @@ class ServedTokenizer:
         except Exception as exc:  # noqa: BLE001 - refused, reset, too slow, too large: said with the URL
             raise ServedTokenizerError(f"{url}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
         if status != 200:
-            raise ServedTokenizerError(f"{url} answered {status}: {text!r}")
+            raise ServedTokenizerError(f"{url} answered {status}: {excerpt(text, 200)}")
         if answer is None:
-            raise ServedTokenizerError(f"{url} answered 200 with no JSON: {text!r}")
+            raise ServedTokenizerError(f"{url} answered 200 with no JSON: {excerpt(text, 200)}")
         return answer
 
     def _get(self, url: str) -> Any:
@@ -170,7 +172,7 @@ class ServedTokenizer:
                                        self.family.tokenize_body(self.spec["model"], text, add_special_tokens)))
             if ids is None:
                 raise ServedTokenizerError(f"{self.root + self.family.tokenize} answered no token ids for "
-                                           f"{text[:40]!r}")
+                                           f"{excerpt(text)}")
             added = self.info.get("added_ids") or []
             if not add_special_tokens and added and ids[: len(added)] == added:  # a route that always adds them
                 ids = ids[len(added):]

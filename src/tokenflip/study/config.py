@@ -13,6 +13,8 @@ import jsonschema
 import yaml
 
 from tokenflip.core.axes import AXES, GRID_DEFAULTS, ON_OFF_AXES, REQUIRED_AXES, axis_value, grid_schema
+from tokenflip.core.excerpt import excerpt, redacted
+from tokenflip.core.inputs import kernel_file, yaml_problem
 from tokenflip.core.literals import literal_problems
 from tokenflip.core.registry import kinds_schema
 from tokenflip.models import hub
@@ -47,7 +49,7 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise ConfigError(
-                f"{node.start_mark.name}: duplicate key {key!r} at line {key_node.start_mark.line + 1} "
+                f"{node.start_mark.name}: duplicate key {excerpt(key)} at line {key_node.start_mark.line + 1} "
                 f"(first at line {seen[key] + 1})")
         seen[key] = key_node.start_mark.line
     return yaml.SafeLoader.construct_mapping(loader, node, deep)
@@ -58,13 +60,15 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if tree := kernel_file(path):
+        raise ConfigError(f"{path}: a file of the kernel's {tree} tree, not a config")
     try:
         with path.open() as fh:
             data = yaml.load(fh, Loader=_StrictLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
@@ -268,12 +272,12 @@ def _leaf_errors(errors: Iterable[jsonschema.ValidationError]) -> list[jsonschem
 
 def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "pattern":
-        return (f"{error.instance!r} contains characters that are not allowed in file names "
+        return (f"{excerpt(error.instance)} contains characters that are not allowed in file names "
                 f"(allowed: {error.validator_value})")
     if error.validator == "enum":
-        return f"{error.instance!r} is not one of {error.validator_value}"
+        return f"{excerpt(error.instance)} is not one of {error.validator_value}"
     if error.validator == "maxLength" and isinstance(error.instance, str):
-        return (f"{error.instance[:24]!r}... is {len(error.instance)} characters long, more than the "
+        return (f"{excerpt(error.instance, 24)} is {len(error.instance)} characters long, more than the "
                 f"{error.validator_value} that keep every file name of the run within the file system's limit")
     if error.validator == "minimum":
         return f"{error.instance!r} is below the minimum {error.validator_value}"
@@ -283,8 +287,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "type" and error.validator_value == "integer" and isinstance(error.instance, float):
         return f"{error.instance!r} is not an integer (write it without a decimal point or exponent)"
     if error.validator == "additionalProperties":
-        return error.message.replace("Additional properties are not allowed", "unknown key(s)")
-    return error.message
+        return redacted(error.message.replace("Additional properties are not allowed", "unknown key(s)"))
+    return redacted(error.message)
 
 
 def _undefined_names(config: dict[str, Any]):

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from tokenflip.core.excerpt import excerpt
 from tokenflip.run.benchmarks.answers import NUMERIC_RULES, answers_match, find_answer
 from tokenflip.run.benchmarks.errors import BenchmarkError
 from tokenflip.run.benchmarks.sources import parse_source
@@ -134,10 +135,10 @@ class Benchmark(ABC):
         order, seed = (spec.get(key, COMMON_SPEC_SCHEMA[key]["default"]) for key in ORDER_KEYS)
         if order not in COMMON_SPEC_SCHEMA["order"]["enum"]:
             raise BenchmarkError(f"benchmark {self.name!r}: order must be 'random' or 'source', "
-                                 f"got {str(order)[:40]!r}")
+                                 f"got {excerpt(order)}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
             raise BenchmarkError(f"benchmark {self.name!r}: order_seed must be an integer from 0 to 2^32 - 1, "
-                                 f"got {str(seed)[:40]!r}")
+                                 f"got {excerpt(seed)}")
         self.order, self.order_seed = order, seed
         stop = spec.get("stop")
         if stop is None:
@@ -196,7 +197,7 @@ class Benchmark(ABC):
             for key in ("question", "gold"):
                 if not isinstance(getattr(item, key), str):
                     raise BenchmarkError(f"{where}: item {index} ({item.id}): its {key} must be a string, got "
-                                         f"{type(getattr(item, key)).__name__} {str(getattr(item, key))[:40]!r}")
+                                         f"{type(getattr(item, key)).__name__} {excerpt(getattr(item, key))}")
             if item.id in seen:
                 raise BenchmarkError(f"{where}: records {seen[item.id]} and {index} have the same id {item.id!r}")
             seen[item.id] = index

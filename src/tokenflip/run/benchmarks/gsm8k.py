@@ -7,6 +7,7 @@ import random
 import re
 from pathlib import Path
 
+from tokenflip.core.excerpt import excerpt
 from tokenflip.run.benchmarks.answers import normalize_answer
 from tokenflip.run.benchmarks.base import MATH_SYSTEM_PROMPT, SOURCE_SCHEMA, BenchmarkError, Item, MathBenchmark
 from tokenflip.run.benchmarks.sources import Source, check_local, load_records, parse_source
@@ -47,7 +48,7 @@ def _checked_record(where: str, record: dict) -> tuple[str, str, str]:
         raise BenchmarkError(f"{where} lacks 'question'/'answer'") from e
     for key, value in (("question", question), ("answer", answer)):
         if not isinstance(value, str):
-            raise BenchmarkError(f"{where}: {key} must be a string, got {type(value).__name__} {str(value)[:40]!r}")
+            raise BenchmarkError(f"{where}: {key} must be a string, got {type(value).__name__} {excerpt(value)}")
     gold = gold_from_answer(answer)
     if gold is None:
         raise BenchmarkError(f"{where} has no numeric answer after '####'")

@@ -3,6 +3,7 @@ prompted 3-shot in the standard [BEGIN]/[DONE] format and scored by running the 
 
 from __future__ import annotations
 
+from tokenflip.core.excerpt import excerpt
 from tokenflip.run.benchmarks.base import SOURCE_SCHEMA, BenchmarkError, Item
 from tokenflip.run.benchmarks.coding import CodeBenchmark, find_code, names_from_solution, parses, undecided_tests
 from tokenflip.run.benchmarks.sources import Source, check_local, load_records
@@ -96,19 +97,19 @@ class MBPPBenchmark(CodeBenchmark):
             # An empty list would pass any program; a string would be split into characters.
             raise BenchmarkError(f"{self._label()}: record {index} (task_id {task['task_id']}) of {label}: "
                                  f"test_list must be a non-empty list of assert statements, got "
-                                 f"{str(record['test_list'])[:80]!r}")
+                                 f"{excerpt(record['test_list'])}")
         for number, test in enumerate(tests):
             why = undecided_tests(test)
             if why:
                 raise BenchmarkError(f"{self._label()}: record {index} (task_id {task['task_id']}) of {label}: "
-                                     f"test_list[{number}] {test[:60]!r} {why}")
+                                     f"test_list[{number}] {excerpt(test)} {why}")
         imports = record.get("test_imports") or []
         task["imports"] = "\n".join(imports) if isinstance(imports, list) else str(imports)
         task["setup"] = record.get("test_setup_code") or ""
         for key in ("imports", "setup"):
             if not isinstance(task[key], str) or not parses(task[key]):
                 raise BenchmarkError(f"{self._label()}: record {index} (task_id {task['task_id']}) of {label}: its "
-                                     f"test {key} {str(task[key])[:60]!r} do not parse (every sample would fail)")
+                                     f"test {key} {excerpt(task[key])} do not parse (every sample would fail)")
         return task
 
     def items(self) -> list[Item]:

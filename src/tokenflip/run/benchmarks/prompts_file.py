@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from tokenflip.core.excerpt import excerpt
 from tokenflip.run.benchmarks.answers import NUMERIC_RULES, find_answer, normalize_answer
 from tokenflip.run.benchmarks.base import SOURCE_SCHEMA, Benchmark, BenchmarkError, Item, Score
 from tokenflip.run.benchmarks.math_equiv import RULES as MATH_RULES
@@ -112,7 +113,7 @@ class PromptsFileBenchmark(Benchmark):
         """A record's item and, for a `messages` record, its conversation."""
         unknown = [key for key in record if key not in RECORD_KEYS]
         if unknown:
-            raise BenchmarkError(f"{where}: unknown key {unknown[0]!r}; a record takes {', '.join(RECORD_KEYS)}")
+            raise BenchmarkError(f"{where}: unknown key {excerpt(unknown[0])}; a record takes {', '.join(RECORD_KEYS)}")
         present = {key: value for key, value in record.items() if value is not None}  # a null cell is no value
         given = [key for key in ("prompt", "messages") if key in present]
         if len(given) != 1:
@@ -121,7 +122,7 @@ class PromptsFileBenchmark(Benchmark):
         if "prompt" in present:
             prompt, conversation = present["prompt"], None
             if not isinstance(prompt, str) or not prompt.strip():
-                raise BenchmarkError(f"{where}: 'prompt' must be non-empty text, got {str(prompt)[:40]!r}")
+                raise BenchmarkError(f"{where}: 'prompt' must be non-empty text, got {excerpt(prompt)}")
             _check_length(where, len(prompt))
         else:
             conversation = _conversation(where, present["messages"])
@@ -129,7 +130,7 @@ class PromptsFileBenchmark(Benchmark):
         item_id = present.get("id", f"{self.name}-{index:04d}")
         if not isinstance(item_id, str) or not item_id.strip() or len(item_id) > MAX_ID_CHARS:
             raise BenchmarkError(f"{where}: 'id' must be non-empty text of at most {MAX_ID_CHARS} characters, "
-                                 f"got {str(item_id)[:40]!r}")
+                                 f"got {excerpt(item_id)}")
         return Item(id=item_id, question=prompt, gold=self._gold_of(where, present)), conversation
 
     def _gold_of(self, where: str, record: dict) -> str:
@@ -143,14 +144,14 @@ class PromptsFileBenchmark(Benchmark):
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or (
                 isinstance(answer, float) and not math.isfinite(answer)):
             raise BenchmarkError(f"{where}: 'answer' must be text or a number, got {type(answer).__name__} "
-                                 f"{str(answer)[:40]!r}")
+                                 f"{excerpt(answer)}")
         gold = str(answer).strip()
         if not gold and self.scorer_name != "none":
             raise BenchmarkError(f"{where}: 'answer' is empty")
         if self.scorer_name == "numeric":
             number = normalize_answer(gold)
             if number is None:
-                raise BenchmarkError(f"{where}: 'answer' {gold[:40]!r} is not a number, which scorer 'numeric' "
+                raise BenchmarkError(f"{where}: 'answer' {excerpt(gold)} is not a number, which scorer 'numeric' "
                                      "compares (use scorer: exact or math)")
             return number
         return gold
@@ -219,7 +220,7 @@ def _conversation(where: str, messages: Any) -> list[dict]:
         except json.JSONDecodeError as e:
             raise BenchmarkError(f"{where}: 'messages' is text but not JSON: {e}") from None
     if not isinstance(messages, list) or not messages:
-        raise BenchmarkError(f"{where}: 'messages' must be a non-empty list of turns, got {str(messages)[:60]!r}")
+        raise BenchmarkError(f"{where}: 'messages' must be a non-empty list of turns, got {excerpt(messages)}")
     if len(messages) > MAX_TURNS:
         raise BenchmarkError(f"{where}: 'messages' holds {len(messages):,} turns, more than the {MAX_TURNS:,} a "
                              "conversation may hold")
@@ -227,15 +228,15 @@ def _conversation(where: str, messages: Any) -> list[dict]:
     for index, turn in enumerate(messages):
         at = f"'messages'[{index}]"
         if not isinstance(turn, dict):
-            raise BenchmarkError(f"{where}: {at} must be a mapping with 'role' and 'content', got {str(turn)[:60]!r}")
+            raise BenchmarkError(f"{where}: {at} must be a mapping with 'role' and 'content', got {excerpt(turn)}")
         extra = [key for key in turn if key not in ("role", "content")]
         if extra:
-            raise BenchmarkError(f"{where}: {at} has unknown key {extra[0]!r}; a turn takes role and content")
+            raise BenchmarkError(f"{where}: {at} has unknown key {excerpt(extra[0])}; a turn takes role and content")
         role, content = turn.get("role"), turn.get("content")
         if role not in ROLES:
-            raise BenchmarkError(f"{where}: {at}['role'] must be one of {', '.join(ROLES)}, got {role!r}")
+            raise BenchmarkError(f"{where}: {at}['role'] must be one of {', '.join(ROLES)}, got {excerpt(role)}")
         if not isinstance(content, str) or not content.strip():
-            raise BenchmarkError(f"{where}: {at}['content'] must be non-empty text, got {str(content)[:40]!r}")
+            raise BenchmarkError(f"{where}: {at}['content'] must be non-empty text, got {excerpt(content)}")
         if role == "system" and index:
             raise BenchmarkError(f"{where}: {at} is a system turn; only the first turn may be one")
         turns.append({"role": role, "content": content})

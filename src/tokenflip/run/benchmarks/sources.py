@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenflip.core.excerpt import excerpt
+from tokenflip.core.inputs import kernel_file
 from tokenflip.core.literals import literal_problems
 from tokenflip.models.hub import hub_id_problem
 from tokenflip.run.benchmarks.errors import BenchmarkError
@@ -87,7 +89,7 @@ def parse_source(where: str, spec: Any, default: Source) -> Source:
     if spec is None:
         return default
     if not isinstance(spec, dict):
-        raise BenchmarkError(f"{where}: source must be a mapping, got {spec!r}")
+        raise BenchmarkError(f"{where}: source must be a mapping, got {excerpt(spec)}")
     keys = set(spec)
     unknown = sorted(keys - PATH_KEYS - HUB_KEYS - PACKAGE_KEYS)
     if unknown:
@@ -96,7 +98,7 @@ def parse_source(where: str, spec: Any, default: Source) -> Source:
     kinds = [name for name, group in (("path", PATH_KEYS), ("hub", HUB_KEYS), ("package", PACKAGE_KEYS))
              if keys & group]
     if len(kinds) != 1:
-        raise BenchmarkError(f"{where}: source must give exactly one of a path, hub keys or a package, got {spec!r}")
+        raise BenchmarkError(f"{where}: source must give exactly one of a path, hub keys or a package, got {excerpt(spec, 120)}")
     if kinds == ["path"]:
         return Source(path=Path(spec["path"]))
     if kinds == ["package"]:
@@ -123,6 +125,8 @@ def check_local(where: str, source: Source) -> None:
     """Fail early, with the source named, if a local path or package file is missing."""
     if source.path is not None and not source.path.is_file():
         raise BenchmarkError(f"{where}: local file not found: {source.path}")
+    if source.path is not None and (tree := kernel_file(source.path)):
+        raise BenchmarkError(f"{where}: {source.path} is a file of the kernel's {tree} tree, not a data file")
     if source.package is not None:
         try:
             source.package_file()
@@ -225,7 +229,8 @@ def _csv_records(where: str, label: str, text: str) -> list[tuple[str, dict]]:
         for column in header:
             if not column.strip() or header.count(column) > 1:
                 raise BenchmarkError(f"{where}: {label} line 1: column names must be non-empty and distinct, "
-                                     f"got {header}")
+                                     f"got {len(header)} columns, column {header.index(column) + 1} "
+                                     f"{excerpt(column)}")
         records, start = [], reader.line_num + 1
         for row in reader:
             if row:
@@ -248,7 +253,7 @@ def _mappings(where: str, label: str, records: list[tuple[str, Any]], located: b
     for index, (location, record) in enumerate(records):
         named = f"{label} {location}" if located else f"record {index} of {label}"
         if not isinstance(record, dict):
-            raise BenchmarkError(f"{where}: {named} is not an object: {str(record)[:80]!r}")
+            raise BenchmarkError(f"{where}: {named} is not an object: {excerpt(record)}")
         for problem in literal_problems(record):
             raise BenchmarkError(f"{where}: {named}: {problem}")
     return [record for _, record in records]

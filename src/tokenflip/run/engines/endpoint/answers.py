@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tokenflip.core.excerpt import excerpt
 from tokenflip.run.engines.endpoint.responses import TOKEN_ID_PREFIX
 
 # The longest text one token may decode to, and a step's token string: far above any
@@ -92,7 +93,7 @@ def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabu
     model = data.get("model")
     if model is not None and (not isinstance(model, str) or not (model == body["model"] or model in served
                                                                  or model.startswith(f"{body['model']}-"))):
-        return f"as model {str(model)[:80]!r}, not the {body['model']!r} asked for"
+        return f"as model {excerpt(model)}, not the {body['model']!r} asked for"
     longest = CHARS_PER_TOKEN * max(asked_tokens, 1)
     if api == "chat":
         message = choice.get("message")
@@ -126,9 +127,9 @@ def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabu
         for name in (token, *(t for t, _ in tops)):
             if isinstance(name, str) and name.startswith(TOKEN_ID_PREFIX) and \
                     not _token_id(_as_int(name[len(TOKEN_ID_PREFIX):]), vocabulary):
-                return f"{name[:40]!r} at step {i}, not a token id of the vocabulary"
+                return f"{excerpt(name)} at step {i}, not a token id of the vocabulary"
         if score is not None and not _number(score):
-            return f"step {i}'s logprob {str(score)[:40]!r}, not a number"
+            return f"step {i}'s logprob {excerpt(score)}, not a number"
         if len(tops) > k + 1:
             return f"{len(tops)} alternatives at step {i} to a request for {k}"
         # Two alternatives named by the same id are one token twice; the same text may be two tokens
@@ -138,6 +139,6 @@ def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabu
             return f"the same token twice among step {i}'s alternatives"
         for name, value in tops:
             if (why := _string(name, CHARS_PER_TOKEN)) is not None or not _number(value):
-                return f"an alternative at step {i} that is not a token and its score ({str(name)[:40]!r}: " \
-                       f"{str(value)[:40]!r})"
+                return f"an alternative at step {i} that is not a token and its score ({excerpt(name)}: " \
+                       f"{excerpt(value)})"
     return None

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tokenflip.core.excerpt import excerpt, keep_secret
+
 # Statuses a server sends when it is busy or restarting: worth another try.
 RETRY_STATUSES = (408, 409, 425, 429, 500, 502, 503, 504)
 # Backoff: 0.25 s, doubling, at most 8 s a wait (a server's Retry-After, up to 30 s, wins).
@@ -97,7 +99,7 @@ def api_key(spec: dict[str, Any]) -> str:
     if not value:
         raise EndpointError(f"endpoint {spec['url']}: its API key variable ${name} is not set in this job's "
                             f"environment")
-    return value
+    return keep_secret(value)
 
 
 def client(spec: dict[str, Any], connections: int):
@@ -136,9 +138,9 @@ async def _once(api, spec: dict[str, Any], body: dict[str, Any]) -> tuple[dict[s
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MalformedResponse(f"the body is not JSON ({exc}): {text[:200]!r}") from None
+        raise MalformedResponse(f"the body is not JSON ({exc}): {excerpt(text)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
-        raise MalformedResponse(f"the body has no choices: {text[:200]!r}")
+        raise MalformedResponse(f"the body has no choices: {excerpt(text)}")
     return data, headers
 
 

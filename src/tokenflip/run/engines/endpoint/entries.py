@@ -10,6 +10,8 @@ import re
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
+from tokenflip.core.excerpt import excerpt
+
 # Request fields the cell's settings own (`engine.request_fields` and the prompt's own), and
 # those that would change how an answer is read (several choices, a stream, the prompt echoed).
 OWNED_FIELDS = frozenset({
@@ -40,7 +42,7 @@ def entry_problems(name: str, spec: dict[str, Any]) -> Iterator[str]:
                f"cell, the study file and the report; put the key in an environment variable and name that "
                f"variable in {where}.api_key_env")
     if url.query or url.fragment:
-        yield f"{where}.url: a base URL takes no query or fragment ({str(spec['url'])[:80]!r})"
+        yield f"{where}.url: a base URL takes no query or fragment ({excerpt(spec['url'])})"
     owned = sorted(set(spec.get("extra_body") or {}) & OWNED_FIELDS)
     if owned:
         yield (f"{where}.extra_body: {owned} are set by each cell's own settings (its model, prompts, tokens, "

@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
+from tokenflip.core.excerpt import excerpt
+
 # Fields of a model list entry that say what is served (others, such as `created` or a
 # permission's id, change from one call to the next).
 MODEL_ENTRY_FIELDS = ("id", "object", "owned_by", "root", "parent", "max_model_len")
@@ -29,10 +31,10 @@ def served_models(spec: dict[str, Any], timeout: float = 10.0) -> tuple[list[dic
     except Exception as exc:  # any transport failure, or more than a model list can be: nothing answered
         return None, f"nothing answers at {url} ({type(exc).__name__}: {exc})"
     if status != 200:
-        return None, f"{url} answered {status}: {text!r}"
+        return None, f"{url} answered {status}: {excerpt(text, 200)}"
     data = answer.get("data") if isinstance(answer, dict) else None
     if not (isinstance(data, list) and all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data)):
-        return None, f"{url} answered 200 with no model list: {text!r}"
+        return None, f"{url} answered 200 with no model list: {excerpt(text, 200)}"
     return [bounded(m) for m in data], f"{url} lists {[m['id'][:200] for m in data][:50]}"
 
 
@@ -186,7 +188,7 @@ def scores_kind_of(spec: dict[str, Any]) -> str:
     values = [v for top in tops if isinstance(top, dict) for v in top.values()] if isinstance(tops, list) else []
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
         raise client.EndpointError(f"the probe request: {spec['url']} answered top_logprobs that are not finite "
-                                   f"numbers: {str(tops)[:200]!r}")
+                                   f"numbers: {excerpt(tops)}")
     return "raw_logits" if any(v > 0 for v in values) else "logprobs"
 
 
