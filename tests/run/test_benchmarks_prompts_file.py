@@ -196,7 +196,7 @@ def test_a_scorer_needs_an_answer_in_every_record(tmp_path):
 def test_too_many_records_too_long_a_prompt_and_too_large_a_file_are_refused(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "my.jsonl", [{"prompt": "x" * 40}] * 3)
     monkeypatch.setattr(prompts_file, "MAX_RECORDS", 2)
-    with pytest.raises(BenchmarkError, match=r"my\.jsonl holds 3 records, more than the 2 a prompts file may hold"):
+    with pytest.raises(BenchmarkError, match=r"my\.jsonl: holds 3 records, more than the 2 a benchmark file may hold"):
         bench(path).items()
     monkeypatch.setattr(prompts_file, "MAX_RECORDS", 10)
     monkeypatch.setattr(prompts_file, "MAX_PROMPT_CHARS", 39)

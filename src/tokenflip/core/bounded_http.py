@@ -9,9 +9,10 @@ list, version, tokenizer routes.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
+
+from tokenflip.core.inputs import loads_json
 
 # The most a side request's answer may take (a model list, a tokenize route's ids of a prompt).
 LARGEST_ANSWER = 4 << 20
@@ -83,6 +84,6 @@ def fetch_json(method: str, url: str, **kwargs) -> tuple[int, Any, str]:
     status, data = fetch(method, url, **kwargs)
     text = data.decode("utf-8", "replace")
     try:
-        return status, json.loads(text), text[:200]
-    except ValueError:
+        return status, loads_json(text, url), text[:200]
+    except ValueError:  # not JSON, or JSON no answer holds (nested too deep, a 5,000-digit number)
         return status, None, text[:200]

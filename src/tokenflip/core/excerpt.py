@@ -24,9 +24,10 @@ _SECRETS: set[str] = set()
 # Credential shapes, each with the group that is the secret: what a log must never keep even
 # where no key was given to this process (a credentials file read as data, an environment).
 _CREDENTIAL_SHAPES = [
-    # NAME=value or "name": "value" where the name says key, token, secret, password or auth.
+    # NAME=value or "name": "value" where the name says key, token, secret, password or auth
+    # (not NAME_ENV, which names the variable that holds one).
     (re.compile(r"(?i)[A-Z0-9_.-]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PWD|AUTH|CREDENTIAL|SESSION)[A-Z0-9_.-]*"
-                r"[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?([^\s\"',;&]+)"), 1),
+                r"(?<![-_]env)[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?([^\s\"',;&]+)"), 1),
     # An Authorization header's value.
     (re.compile(r"(?i)\b(?:bearer|basic)\s+([A-Za-z0-9._~+/=-]+)"), 1),
     # user:password@ in a URL.

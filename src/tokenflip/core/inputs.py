@@ -19,7 +19,8 @@ from typing import Any
 from tokenflip.core.excerpt import redacted
 
 __all__ = ["InputError", "shown", "yaml_problem", "kernel_file", "check_input_file", "check_input_dir", "check_output", "loads_json",
-           "read_json_file", "check_yaml_file", "MAX_TEXT_FILE_BYTES", "MAX_DEPTH", "MAX_NODES"]
+           "read_json_file", "check_yaml_file", "MAX_TEXT_FILE_BYTES", "MAX_DEPTH", "MAX_NODES",
+           "MAX_INT_DIGITS"]
 
 # A config or calibration file is a few kB; a megabyte is no file of either kind.
 MAX_TEXT_FILE_BYTES = 2**20
@@ -27,6 +28,9 @@ MAX_TEXT_FILE_BYTES = 2**20
 MAX_DEPTH = 64
 # Values of a YAML file with its aliases expanded: a config has hundreds.
 MAX_NODES = 100_000
+# Digits of an integer any file of tokenflip's may hold (a token id, a count, a 64-bit seed
+# has at most 20): Python's parser takes 4,300, and arithmetic on them is slow.
+MAX_INT_DIGITS = 40
 # Characters of a value quoted in a message (a 10,000-character value would bury it).
 SHOWN_CHARS = 80
 
@@ -148,6 +152,13 @@ def _finite(text: str) -> float:
     return value
 
 
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits:,} digits, more than the {MAX_INT_DIGITS} any id or count has")
+    return int(text)
+
+
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a finite number")
 
@@ -167,9 +178,10 @@ def _depth(value: Any) -> int:
 
 def loads_json(text: str, where: str) -> Any:
     """JSON text parsed, or `InputError` naming `where`: not JSON, a number that is not
-    finite (NaN, Infinity, 1e309), or nested deeper than `MAX_DEPTH`."""
+    finite (NaN, Infinity, 1e309), an integer of more than `MAX_INT_DIGITS` digits, or nested
+    deeper than `MAX_DEPTH`. Every JSON a file, a server or a command line gives is read here."""
     try:
-        value = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+        value = json.loads(text, parse_float=_finite, parse_int=_bounded_int, parse_constant=_no_constant)
     except RecursionError:
         raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError is one

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 from typing import Any
 
 from tokenflip.core.axes import ALL_AXES, AXES, CORE_AXES, FURTHER_AXES
+from tokenflip.core.inputs import loads_json
 
 
 class JobSpecError(ValueError):
@@ -163,9 +164,9 @@ def _parse(cls, data: Any, what: str):
     """Build dataclass `cls` from a JSON mapping, naming every missing or unknown field."""
     if isinstance(data, str):
         try:
-            data = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise JobSpecError(f"{what}: not valid JSON: {exc}") from None
+            data = loads_json(data, what)
+        except ValueError as exc:
+            raise JobSpecError(str(exc)) from None
     if not isinstance(data, dict):
         raise JobSpecError(f"{what}: expected a JSON object, got {type(data).__name__}")
     known = {f.name: f for f in fields(cls)}

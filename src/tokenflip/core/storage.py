@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tokenflip.core.inputs import loads_json
 from tokenflip.core.scheduler import exit_if_orphaned
 
 SCHEMA_VERSION = 2
@@ -260,9 +261,9 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     if raw is None:
         raise StorageError(f"{path}: no tokenflip provenance in the Parquet metadata")
     try:
-        meta = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise StorageError(f"{path}: its tokenflip provenance is not JSON") from None
+        meta = loads_json(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw, "its provenance")
+    except ValueError as exc:
+        raise StorageError(f"{path}: its tokenflip provenance is not what tokenflip writes ({exc})") from None
     if not isinstance(meta, dict):
         raise StorageError(f"{path}: its tokenflip provenance is not a mapping")
     recorded = meta.get("meta_sha256")  # files of an older tokenflip have none (the gate refuses those)

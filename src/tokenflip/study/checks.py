@@ -12,7 +12,10 @@ from tokenflip.run import engines
 
 def size_problems(config: dict[str, Any]) -> Iterator[str]:
     """A study larger than `limits` allows, counted without listing a cell: per grid, its
-    models x benchmarks x the values of every axis (an upper bound where grids overlap)."""
+    models x benchmarks x the values of every axis (an upper bound where grids overlap); a
+    benchmark's prompts are its n, or the rounds' maximum where that is less or n is unset."""
+    from tokenflip.study.rounds import max_prompts
+
     limits = config["limits"]
     cells = prompts = 0
     for grid in config["grids"]:
@@ -23,13 +26,13 @@ def size_problems(config: dict[str, Any]) -> Iterator[str]:
         for bench in grid.get("benchmarks", list(config["benchmarks"])):
             cells += models * per_benchmark
             spec = config["benchmarks"].get(bench)
-            prompts += models * per_benchmark * (spec.get("n") or 0 if isinstance(spec, dict) else 0)
+            prompts += models * per_benchmark * ((max_prompts(config, bench) or 0) if isinstance(spec, dict) else 0)
     if cells > limits["max_cells"]:
         yield (f"grids: {cells:,} cells, more than limits.max_cells {limits['max_cells']:,} (raise limits.max_cells "
                f"in the config for a study this large, or split it into several runs)")
     if prompts > limits["max_prompts"]:
         yield (f"benchmarks: {prompts:,} prompts to generate over the cells, more than limits.max_prompts "
-               f"{limits['max_prompts']:,} (lower the benchmarks' n, or raise limits.max_prompts)")
+               f"{limits['max_prompts']:,} (lower the benchmarks' n or rounds.max_prompts, or raise limits.max_prompts)")
 
 
 def same_setting_problems(config: dict[str, Any], cells) -> Iterator[str]:

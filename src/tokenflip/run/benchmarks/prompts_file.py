@@ -4,15 +4,16 @@ exactly, numerically or by math equivalence, or not scored at all."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from tokenflip.core.excerpt import excerpt
+from tokenflip.core.inputs import InputError, loads_json
 from tokenflip.run.benchmarks.answers import NUMERIC_RULES, find_answer, normalize_answer
 from tokenflip.run.benchmarks.base import SOURCE_SCHEMA, Benchmark, BenchmarkError, Item, Score
 from tokenflip.run.benchmarks.math_equiv import RULES as MATH_RULES
 from tokenflip.run.benchmarks.math_equiv import math_score
+from tokenflip.run.benchmarks import sources
 from tokenflip.run.benchmarks.sources import Source, check_local, located_records
 
 __all__ = ["PromptsFileBenchmark", "SCORERS", "EXTENSIONS", "RECORD_KEYS", "ROLES", "MAX_RECORDS",
@@ -33,7 +34,7 @@ ROLES = ("system", "user", "assistant")
 # Bounds on a prompts file besides its size (sources.MAX_DATA_BYTES): a sample of traffic,
 # not a corpus; each prompt within any model's context many times over (the tokenizer check
 # before any job holds each one to its model's own context).
-MAX_RECORDS = 100_000
+MAX_RECORDS = sources.MAX_RECORDS
 MAX_PROMPT_CHARS = 2**20
 MAX_TURNS = 1000
 MAX_ID_CHARS = 200
@@ -90,10 +91,7 @@ class PromptsFileBenchmark(Benchmark):
         is checked."""
         if self._items is None:
             label = self.source.label()
-            records = located_records(self._label(), self.source)
-            if len(records) > MAX_RECORDS:
-                raise BenchmarkError(f"{self._label()}: {label} holds {len(records):,} records, more than the "
-                                     f"{MAX_RECORDS:,} a prompts file may hold (split it, or sample it)")
+            records = located_records(self._label(), self.source, MAX_RECORDS)
             items, conversations, seen = [], {}, {}
             for index, (location, record) in enumerate(records):
                 where = f"{self._label()}: {label} {location}"
@@ -216,9 +214,9 @@ def _conversation(where: str, messages: Any) -> list[dict]:
     """A `messages` value as a checked conversation: JSON text (a CSV cell) is read first."""
     if isinstance(messages, str):
         try:
-            messages = json.loads(messages)
-        except json.JSONDecodeError as e:
-            raise BenchmarkError(f"{where}: 'messages' is text but not JSON: {e}") from None
+            messages = loads_json(messages, "'messages' is text but")
+        except InputError as e:
+            raise BenchmarkError(f"{where}: {e}") from None
     if not isinstance(messages, list) or not messages:
         raise BenchmarkError(f"{where}: 'messages' must be a non-empty list of turns, got {excerpt(messages)}")
     if len(messages) > MAX_TURNS:

@@ -7,7 +7,6 @@ import csv
 import gzip
 import hashlib
 import io
-import json
 import os
 import zlib
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenflip.core.excerpt import excerpt
-from tokenflip.core.inputs import kernel_file
+from tokenflip.core.inputs import InputError, kernel_file, loads_json
 from tokenflip.core.literals import literal_problems
 from tokenflip.models.hub import hub_id_problem
 from tokenflip.run.benchmarks.errors import BenchmarkError
@@ -27,6 +26,9 @@ __all__ = ["Source", "parse_source", "check_local", "load_records", "located_rec
 # split, the largest read here, is 4 MiB), so a bigger one (a gzip bomb) is refused before
 # it is read whole.
 MAX_DATA_BYTES = 64 * 2**20
+# The most records a data file may hold: a benchmark's test split has thousands (MATH's
+# 12,500 the most of those read here), a team's sample of traffic no more than this.
+MAX_RECORDS = 100_000
 PATH_KEYS = frozenset({"path"})
 HUB_KEYS = frozenset({"hub", "config", "split", "revision"})
 PACKAGE_KEYS = frozenset({"package", "file"})
@@ -150,25 +152,52 @@ def _read_bytes(path: Path, label: str) -> bytes:
     return raw
 
 
-def _read_parquet(path: Path, label: str) -> list[dict]:
-    """The table's rows, if its uncompressed size (from its footer) is within MAX_DATA_BYTES."""
+def _too_many(label: str, count: int | str, most: int) -> BenchmarkError:
+    return BenchmarkError(f"{label}: holds {count} records, more than the {most:,} a benchmark file may hold "
+                          f"(split it, or sample it)")
+
+
+def _read_parquet(path: Path, label: str, most: int) -> list[dict]:
+    """The table's rows, if its footer's row count is within `most`, its uncompressed pages
+    within MAX_DATA_BYTES, and its values as Python objects too: text columns are read
+    dictionary-encoded, so a few repeated kilobytes that would expand to gigabytes are
+    measured before they are materialised."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     raw = _read_bytes(path, label)
-    meta = pq.ParquetFile(io.BytesIO(raw)).metadata
+    file = pq.ParquetFile(io.BytesIO(raw))
+    meta = file.metadata
+    if meta.num_rows > most:
+        raise _too_many(label, f"{meta.num_rows:,}", most)
     size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     if size > MAX_DATA_BYTES:
         raise _too_large(label, size)
-    return pq.read_table(io.BytesIO(raw)).to_pylist()
+    texts = [f.name for f in file.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+             or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+    table = pq.read_table(io.BytesIO(raw), read_dictionary=texts)
+    expanded = 0
+    for column in table.columns:
+        for chunk in column.chunks:
+            if pa.types.is_dictionary(chunk.type):
+                expanded += pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0
+            else:
+                expanded += chunk.nbytes
+            if expanded > MAX_DATA_BYTES:
+                raise BenchmarkError(f"{label}: its values expand to more than the {MAX_DATA_BYTES} (64 MiB) bytes a "
+                                     f"benchmark data file may hold (a few values repeated over many rows)")
+    return table.to_pylist()
 
 
-def _read_file(where: str, path: Path, label: str) -> list[tuple[str, Any]]:
+def _read_file(where: str, path: Path, label: str, most: int) -> list[tuple[str, Any]]:
     """The file's records, each with where it is in the file ("line 7" of JSON lines or CSV,
-    "row 3" of Parquet, "record 2" of a JSON array), so that an error can point at it."""
+    "row 3" of Parquet, "record 2" of a JSON array), so that an error can point at it; at
+    most `most` of them, counted before they are parsed."""
     name = path.name.lower().removesuffix(".gz")
     try:
         if name.endswith(".parquet"):
-            rows = _read_parquet(path, label)
+            rows = _read_parquet(path, label, most)
         else:
             text = _read_bytes(path, label).decode("utf-8")
     except BenchmarkError as e:
@@ -180,20 +209,25 @@ def _read_file(where: str, path: Path, label: str) -> list[tuple[str, Any]]:
     if name.endswith(".parquet"):
         return [(f"row {index}", row) for index, row in enumerate(rows)]
     if name.endswith(".csv"):
-        return _csv_records(where, label, text)
+        return _csv_records(where, label, text, most)
     if name.endswith(".json"):
         data = _json_document(where, label, text)
         if data is not None:
+            if len(data) > most:
+                raise BenchmarkError(f"{where}: {_too_many(label, f'{len(data):,}', most)}")
             return [(f"record {index}", record) for index, record in enumerate(data)]
+    lines = sum(1 for line in text.split("\n") if line.strip())
+    if lines > most:
+        raise BenchmarkError(f"{where}: {_too_many(label, f'{lines:,}', most)}")
     records = []
     # Split at "\n" only: `splitlines` also splits at U+2028 and other breaks that JSON
     # strings may hold as they are, which would cut a record in two.
     for lineno, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
-                records.append((f"line {lineno}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise BenchmarkError(f"{where}: {label} line {lineno}: bad JSON: {e}") from e
+                records.append((f"line {lineno}", loads_json(line, f"{label} line {lineno}")))
+            except InputError as e:
+                raise BenchmarkError(f"{where}: {e}") from None
     return records
 
 
@@ -201,10 +235,10 @@ def _json_document(where: str, label: str, text: str) -> list | None:
     """The records of a .json file holding one JSON document (a list, or a mapping with its
     list under data/rows/records), or None for JSON lines (what `datasets` writes to .json)."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
+        data = loads_json(text, label)
+    except InputError as e:
         if text.lstrip().startswith("["):
-            raise BenchmarkError(f"{where}: bad JSON in {label}: {e}") from e
+            raise BenchmarkError(f"{where}: {e}") from None
         return None  # JSON lines, or bad JSON that the line reader names by its line
     if isinstance(data, dict):
         found = next((v for k, v in data.items() if k in ("data", "rows", "records")), None)
@@ -217,7 +251,7 @@ def _json_document(where: str, label: str, text: str) -> list | None:
     return data
 
 
-def _csv_records(where: str, label: str, text: str) -> list[tuple[str, dict]]:
+def _csv_records(where: str, label: str, text: str, most: int) -> list[tuple[str, dict]]:
     """The rows of a CSV file as records keyed by its header (line 1), each with the line it
     starts on; an empty cell is a missing value, a blank line no record."""
     reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
@@ -238,6 +272,8 @@ def _csv_records(where: str, label: str, text: str) -> list[tuple[str, dict]]:
                     raise BenchmarkError(f"{where}: {label} line {start}: {len(row)} fields, the header has "
                                          f"{len(header)}")
                 records.append((f"line {start}", {key: value for key, value in zip(header, row) if value != ""}))
+                if len(records) > most:
+                    raise BenchmarkError(f"{where}: {_too_many(label, f'over {most:,}', most)}")
             start = reader.line_num + 1
         return records
     except csv.Error as e:
@@ -273,25 +309,28 @@ def _load_hub(where: str, source: Source) -> list[dict]:
         ) from e
 
 
-def _located(where: str, source: Source) -> tuple[str, list[tuple[str, Any]]]:
+def _located(where: str, source: Source, most: int) -> tuple[str, list[tuple[str, Any]]]:
     if source.path is not None:
         check_local(where, source)
-        return str(source.path), _read_file(where, source.path, str(source.path))
+        return str(source.path), _read_file(where, source.path, str(source.path), most)
     if source.package is not None:
         check_local(where, source)
-        return source.label(), _read_file(where, source.package_file(), source.label())
-    return source.label(), [(f"row {index}", record) for index, record in enumerate(_load_hub(where, source))]
+        return source.label(), _read_file(where, source.package_file(), source.label(), most)
+    rows = _load_hub(where, source)
+    if len(rows) > most:
+        raise BenchmarkError(f"{where}: {_too_many(source.label(), f'{len(rows):,}', most)}")
+    return source.label(), [(f"row {index}", record) for index, record in enumerate(rows)]
 
 
-def load_records(where: str, source: Source) -> list[dict]:
-    """All records of the source, in order; any failure is one BenchmarkError naming `where`
-    and the source tried."""
-    label, records = _located(where, source)
+def load_records(where: str, source: Source, most: int = MAX_RECORDS) -> list[dict]:
+    """All records of the source, in order, at most `most`; any failure is one BenchmarkError
+    naming `where` and the source tried."""
+    label, records = _located(where, source, most)
     return _mappings(where, label, records)
 
 
-def located_records(where: str, source: Source) -> list[tuple[str, dict]]:
+def located_records(where: str, source: Source, most: int = MAX_RECORDS) -> list[tuple[str, dict]]:
     """`load_records`, each record with its place in the source: "line 7" (JSON lines, CSV
     with its header as line 1), "row 3" (Parquet, the hub) or "record 2" (a JSON array)."""
-    label, records = _located(where, source)
+    label, records = _located(where, source, most)
     return list(zip([location for location, _ in records], _mappings(where, label, records, located=True)))

@@ -13,13 +13,13 @@ could not hold what its name says fails its proof instead of being compared as i
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tokenflip.core.excerpt import excerpt, keep_secret
+from tokenflip.core.inputs import InputError, loads_json
 
 # Statuses a server sends when it is busy or restarting: worth another try.
 RETRY_STATUSES = (408, 409, 425, 429, 500, 502, 503, 504)
@@ -136,9 +136,11 @@ async def _once(api, spec: dict[str, Any], body: dict[str, Any]) -> tuple[dict[s
         headers = dict(raw.http_response.headers)
     text = b"".join(chunks)
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MalformedResponse(f"the body is not JSON ({exc}): {excerpt(text)}") from None
+        data = loads_json(text.decode("utf-8"), "the body")
+    except UnicodeDecodeError as exc:
+        raise MalformedResponse(f"the body is not UTF-8 text (byte {exc.start}): {excerpt(text)}") from None
+    except InputError as exc:
+        raise MalformedResponse(f"{exc}: {excerpt(text)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         raise MalformedResponse(f"the body has no choices: {excerpt(text)}")
     return data, headers
