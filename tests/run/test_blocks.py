@@ -127,3 +127,29 @@ def test_a_cell_whose_engine_decoded_other_prompts_than_its_job_fails_naming_the
     for name, (batches, message) in cases.items():
         with pytest.raises(CellMismatch, match=asks + message):
             check_decoded_prompts(block, job_benchmark(block), batches, "x")
+
+
+def test_blocks_made_from_two_versions_of_a_prompts_file_are_not_joined(prepared_models, tmp_path):
+    """A prompts file edited between two rounds: the second block is refused, naming it, the
+    field that differs and the file; each joined block keeps the digest of its inputs."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(6)))
+    study = tiny_study()
+    study["benchmarks"] = {"mine": {"kind": "prompts", "order": "source", "n": 6, "max_new_tokens": 3,
+                                    "source": {"path": str(prompts)}}}
+    study["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [2]}]
+    study["comparisons"], study["probes"] = [], {}
+    config = cfg.validate(study, check_data=False)
+    job, model = cell_job(config, expand_cells(config)[0]), prepared_models("llama")
+    blocks = [(str(tmp_path / f"{first}-{end}.parquet"), first, end) for first, end in ((0, 4), (4, 6))]
+    run_cell(job.block(0, 4), model, blocks[0][0], progress=False)
+    run_cell(job.block(4, 6), model, blocks[1][0], progress=False)
+    meta = join_blocks(job, blocks, tmp_path / "same.parquet")
+    assert len({block["inputs_sha256"] for block in meta["blocks"]}) == 1
+    prompts.write_text(prompts.read_text().replace("Count to 5.", "Count to 50."))
+    run_cell(job.block(4, 6), model, blocks[1][0], progress=False)
+    with pytest.raises(BlockError, match=r"4-6\.parquet: made from other inputs than the cell's first block "
+                                         r"\(.*0-4\.parquet\): benchmark source\.sha256 differs \(.*prompts\.jsonl "
+                                         r"changed between them\?\)"):
+        join_blocks(job, blocks, tmp_path / "x.parquet")
+    assert not (tmp_path / "x.parquet").exists()

@@ -131,6 +131,34 @@ class BlockError(ValueError):
 _BLOCK_SAME = ("model", "environment.software", "environment.device", "environment.determinism")
 
 
+def _inputs(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a block was made from: its benchmark as described (its source's path and digest,
+    the order drawn, the prompt format), less which block of it and how far it reaches."""
+    return {k: v for k, v in meta.get("benchmark", {}).items() if k not in ("block", "n", "n_requested")}
+
+
+def inputs_digest(meta: dict[str, Any]) -> str:
+    """The digest of a block's inputs (`_inputs`), kept with each block of a joined cell."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(_inputs(meta), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _check_same_inputs(path, meta: dict[str, Any], first_path, first_meta: dict[str, Any]) -> None:
+    """Refuse a block made from another version of the cell's inputs than its first block (a
+    prompts file edited between two rounds), naming the block, the field and the file."""
+    from tokenflip.core.provenance import flatten_provenance
+
+    own, theirs = flatten_provenance(_inputs(first_meta)), flatten_provenance(_inputs(meta))
+    differ = sorted(k for k in set(own) | set(theirs) if own.get(k) != theirs.get(k))
+    if differ:
+        source = theirs.get("source.path") or theirs.get("source.file") or theirs.get("source.hub") or "its source"
+        raise BlockError(f"{path}: made from other inputs than the cell's first block ({first_path}): benchmark "
+                         f"{differ[0]} differs ({source} changed between them?); blocks of one cell come from one "
+                         f"version of its prompts (remove the later blocks to make them again)")
+
+
 def join_blocks(job: CellJob, blocks: list[tuple[str, int, int | None]], out_path) -> dict[str, Any]:
     """The cell's file from its blocks ((path, first, end), in order): each block must be the
     cell's job for its prompts (`CellJob.block`), hold exactly them, and have been made with
@@ -162,6 +190,7 @@ def join_blocks(job: CellJob, blocks: list[tuple[str, int, int | None]], out_pat
                 raise BlockError(f"{path}: made with {differ[0]} = {theirs.get(differ[0])!r}, but the cell's first "
                                  f"block ({blocks[0][0]}) with {own.get(differ[0])!r}: blocks of one cell come from "
                                  f"one model, software and machine (remove the later blocks to make them again)")
+            _check_same_inputs(path, meta, blocks[0][0], metas[0])
         tables.append(table.set_column(table.schema.get_field_index("batch_index"), "batch_index",
                                        pc.add(table.column("batch_index"), batches)))
         batches += len(set(table.column("batch_index").to_pylist()))
@@ -175,7 +204,8 @@ def join_blocks(job: CellJob, blocks: list[tuple[str, int, int | None]], out_pat
         "observed": {**metas[0].get("observed", {}), "prompts": table.num_rows,
                      "largest_batch": max(m.get("observed", {}).get("largest_batch", 0) for m in metas)},
         "blocks": [{"prompts": [first, end], "file": str(path).rsplit("/", 1)[-1],
-                    "token_stream_sha256": m["token_stream_sha256"]} for (path, first, end), m in zip(blocks, metas)],
+                    "token_stream_sha256": m["token_stream_sha256"], "inputs_sha256": inputs_digest(m)}
+                   for (path, first, end), m in zip(blocks, metas)],
         "wall_seconds": float(sum(m["wall_seconds"] for m in metas)),
         "cpu_seconds": float(sum(m["cpu_seconds"] for m in metas)),
         "generated_tokens": int(sum(m["generated_tokens"] for m in metas)),
