@@ -11,7 +11,9 @@ forwards and answers f(the server's JSON answer) instead (a server that answers 
 server should); ("trickle", seconds) answers one byte every `seconds`; ("slow-headers",
 seconds) the same in a header, before any body; ("huge", n) answers n
 bytes (a body that never ends, as far as a client can tell); ("gzip", n) answers n zero bytes
-gzip-compressed (a few KiB on the wire); ("redirect", url) answers 307 to `url`.
+gzip-compressed (a few KiB on the wire); ("redirect", url) answers 307 to `url`; "echo-auth"
+forwards and answers the server's answer with the request's Authorization header in its
+text, its model name and a `server` header (a server that leaks the key it was sent).
 """
 
 from __future__ import annotations
@@ -82,6 +84,18 @@ class FaultProxy:
                 elif kind == "rewrite":
                     payload = json.dumps(fault[1](json.loads(self._upstream(body)[1]))).encode()
                     self._answer(200, payload)
+                elif kind == "echo-auth":
+                    answer = json.loads(self._upstream(body)[1])
+                    echoed = self.headers.get("authorization", "")
+                    answer["choices"][0]["text"] = f"{answer['choices'][0].get('text', '')} {echoed}"
+                    answer["model"] = echoed
+                    payload = json.dumps(answer).encode()
+                    self.send_response(200)
+                    self.send_header("server", echoed)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
                 elif kind == "trickle":
                     self.send_response(200)
                     self.send_header("content-type", "application/json")

@@ -83,6 +83,7 @@ def test_a_reference_is_compared_with_the_first_deployment():
     ({"tokens": [5, 6]}, [5, 6]),  # llama.cpp's servers
     ([{"id": 7, "text": "a", "start": 0, "stop": 1}, {"id": 8, "text": "b", "start": 1, "stop": 2}], [7, 8]),  # TGI
     ({"tokens": []}, []), ([], []),  # an empty text's: none
+    ([1, 2, 3], None), ({"tokens": [2**31]}, None),  # a bare list is no server's answer
     ({"tokens": ["1"]}, None), ({"tokens": [True]}, None), ({"detail": "Not Found"}, None), ("text", None),
 ])
 def test_each_servers_tokenize_answer_is_read_and_anything_else_is_none(answer, ids):

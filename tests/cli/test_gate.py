@@ -298,6 +298,20 @@ def test_what_the_gate_cannot_judge_has_its_own_code_never_a_pass(tmp_path):
     _write(tmp_path, [judged[0], {**judged[1], "floors_paired": forged}])
     proc = _gate(tmp_path, "--max-divergence", "0.05")
     assert proc.returncode == 4 and "do not add up" in proc.stderr, proc.stderr
+    # counts that add up but are not the cells' outcomes: 3 parted here and none only here says
+    # they parted on the floor too, whose own row parted on none; 5 only here of 3 parted
+    floor_id = judged[0]["pair_id"]
+    held = _json.dumps([{"floor": floor_id, "n": N, "only_comparison": 0, "neither_or_both": N, "only_floor": 0}])
+    _write(tmp_path, [judged[0], {**judged[1], "n_diverged": 3, "floors_paired": held}])
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and f"say its floor {floor_id} parted on 3 of 200, and the floor's own row on 0" \
+        in proc.stderr, proc.stderr
+    more = _json.dumps([{"floor": floor_id, "n": N, "only_comparison": 5, "neither_or_both": N - 5, "only_floor": 0}])
+    span = interval(5, N - 5, 0, judged[1]["intervals"])  # the interval these counts give: only the pairing is off
+    _write(tmp_path, [judged[0], {**judged[1], "n_diverged": 3, "floors_paired": more, "interval_low": span[0],
+                                  "interval_high": span[1]}])
+    proc = _gate(tmp_path, "--max-divergence", "0.05")
+    assert proc.returncode == 4 and "do not hold its own 3 of 200 parted" in proc.stderr, proc.stderr
     _write(tmp_path, [judged[0], {**judged[1], "interval_high": 0.001}])
     proc = _gate(tmp_path, "--max-divergence", "0.05")
     assert proc.returncode == 4 and "its counts give" in proc.stderr, proc.stderr

@@ -160,7 +160,7 @@ def test_csv_lines_count_the_header_and_parquet_names_the_row(tmp_path):
     with pytest.raises(BenchmarkError, match=r"my\.parquet row 1: 'messages'\[0\]\['role'\] .* got 'tool'"):
         bench(write_parquet(tmp_path / "my.parquet", records)).items()
     (tmp_path / "notjson.csv").write_text('prompt,messages\n,"[{""role"": ""user""}"\n')
-    with pytest.raises(BenchmarkError, match=r"notjson\.csv line 2: 'messages' is text but not JSON"):
+    with pytest.raises(BenchmarkError, match=r"notjson\.csv line 2: 'messages' is text but not valid JSON"):
         bench(tmp_path / "notjson.csv").items()
     (tmp_path / "ragged.csv").write_text("id,prompt\na,hi\nb\n")
     with pytest.raises(BenchmarkError, match=r"ragged\.csv line 3: 1 fields, the header has 2"):
@@ -170,7 +170,7 @@ def test_csv_lines_count_the_header_and_parquet_names_the_row(tmp_path):
 def test_bad_json_and_an_unknown_extension_are_named(tmp_path):
     path = tmp_path / "my.jsonl"
     path.write_text('{"prompt": "a"}\n\n{"prompt": "b",}\n')
-    with pytest.raises(BenchmarkError, match=r"my\.jsonl line 3: bad JSON"):
+    with pytest.raises(BenchmarkError, match=r"my\.jsonl line 3: not valid JSON"):
         bench(path).items()
     (tmp_path / "my.txt").write_text('{"prompt": "a"}\n')
     with pytest.raises(BenchmarkError, match=r"my\.txt: cannot tell the file's format .* \.jsonl, \.json, \.csv, "

@@ -201,6 +201,39 @@ HOSTILE_ANSWERS = {
 }
 
 
+# Answers that are well-formed each on their own but say what no generation can (a stop
+# with no token; scores asked for and none sent), and a server that echoes the key it was
+# sent: one line naming the request, nothing written, the key in no message.
+def _stopped_without_tokens(answer):
+    choice = _choice(answer)
+    choice.update(token_ids=[], text="", finish_reason="stop", logprobs=None)
+    return answer
+
+
+QUIET_HOSTILE_ANSWERS = {
+    "ids_empty_stop": (("rewrite", _stopped_without_tokens), "stopped with no token"),
+    "lp_missing": (("rewrite", _set(["logprobs"], None)), "answered no logprobs, which the cell asked for"),
+    "echo_auth": ("echo-auth", "the API key it was sent"),
+}
+
+
+@pytest.mark.parametrize("case", list(QUIET_HOSTILE_ANSWERS))
+def test_a_quietly_hostile_answer_is_refused_in_one_line(servers, proxy, tmp_path, monkeypatch, case):
+    fault, message = QUIET_HOSTILE_ANSWERS[case]
+    key = "sk-tfcanary-8f1d2c9e7a6b5d4c3b2a"
+    monkeypatch.setenv("FAULTY_API_KEY", key)
+    config = _config(servers, faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp", "retries": 0,
+                                      "api_key_env": "FAULTY_API_KEY"})
+    proxy.script = [fault]
+    cell = Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine="faulty")
+    out = tmp_path / "cell.parquet"
+    with pytest.raises(EndpointError) as err:
+        run_cell(cell_job(config, cell), servers["model_dir"], out, progress=False)
+    said = str(err.value)
+    assert message in said and "endpoint 'faulty', prompt " in said and "\n" not in said, said
+    assert "tfcanary" not in said and not out.exists() and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("case", list(HOSTILE_ANSWERS))
 def test_an_answer_no_server_should_give_fails_the_cell_naming_the_request(servers, proxy, tmp_path, case):
     rewrite, message = HOSTILE_ANSWERS[case]
@@ -216,25 +249,28 @@ def test_an_answer_no_server_should_give_fails_the_cell_naming_the_request(serve
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("fault, message", [
-    (("trickle", 0.5), "no answer within timeout_s 2 (the whole answer, not each read)"),
-    (("huge", 200 << 20), "answered too much: the answer grew past 1,572,864 bytes"),
-    (("gzip", 200 << 20), "answered too much: the answer grew past 1,572,864 bytes"),
-    (("redirect", "http://127.0.0.1:9/v1/completions"), "answered 307, a redirect to 'http://127.0.0.1:9/v1/"),
+# The bound each case tests decides it alone: a byte bound gets a time bound no loaded
+# machine reaches first (60 s), the time bound a body that never ends.
+@pytest.mark.parametrize("fault, timeout, message", [
+    (("trickle", 0.5), 2, "no answer within timeout_s 2 (the whole answer, not each read)"),
+    (("huge", 200 << 20), 60, "answered too much: the answer grew past 1,572,864 bytes"),
+    (("gzip", 200 << 20), 60, "answered too much: the answer grew past 1,572,864 bytes"),
+    (("redirect", "http://127.0.0.1:9/v1/completions"), 2, "answered 307, a redirect to 'http://127.0.0.1:9/v1/"),
 ])
-def test_a_request_is_bounded_in_time_and_bytes_and_never_redirected(servers, proxy, tmp_path, fault, message):
+def test_a_request_is_bounded_in_time_and_bytes_and_never_redirected(servers, proxy, tmp_path, fault, timeout,
+                                                                      message):
     import resource
     import time
 
     config = _config(servers, faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp", "retries": 0,
-                                      "timeout_s": 2})
+                                      "timeout_s": timeout})
     proxy.script = [fault]
     cell = Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine="faulty")
     out = tmp_path / "cell.parquet"
     rss, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
     with pytest.raises(EndpointError) as err:
         run_cell(cell_job(config, cell), servers["model_dir"], out, progress=False)
-    assert time.perf_counter() - start < 60
+    assert time.perf_counter() - start < 120
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 300 * 1024  # KiB: 200 MB never held
     assert message in str(err.value) and proxy.url in str(err.value) and "prompt " in str(err.value), str(err.value)
     assert not out.exists()
@@ -280,17 +316,18 @@ def test_a_chat_answer_no_server_should_give_fails_the_cell_naming_the_request(s
     assert proxy.posts == 1 and not out.exists() and list(out.parent.iterdir()) == []
 
 
-@pytest.mark.parametrize("fault, message", [
-    (("trickle", 0.5), "did not finish its answer within 2 s in all"),
-    (("slow-headers", 0.5), "did not finish its answer within 2 s in all"),
-    (("huge", 200 << 20), "answered more than 4,194,304 bytes: cut off"),
-    (("gzip", 200 << 20), "answered more than 4,194,304 bytes: cut off"),
-    (("redirect", "http://127.0.0.1:9/extras/tokenize"), "answered 307, a redirect to 'http://127.0.0.1:9/extras/"),
-    (("rewrite", lambda answer: {"tokens": [-5, 1]}), "answered no token ids for "),
-    (("rewrite", lambda answer: {"tokens": [10 ** 12]}), "answered no token ids for "),
-    (("rewrite", lambda answer: {"tokens": ["5"]}), "answered no token ids for "),
+@pytest.mark.parametrize("fault, timeout, message", [
+    (("trickle", 0.5), 2, "did not finish its answer within 2 s in all"),
+    (("slow-headers", 0.5), 2, "did not finish its answer within 2 s in all"),
+    (("huge", 200 << 20), 60, "answered more than 4,194,304 bytes: cut off"),
+    (("gzip", 200 << 20), 60, "answered more than 4,194,304 bytes: cut off"),
+    (("redirect", "http://127.0.0.1:9/extras/tokenize"), 2, "answered 307, a redirect to 'http://127.0.0.1:9/extras/"),
+    (("rewrite", lambda answer: {"tokens": [-5, 1]}), 2, "answered no token ids for "),
+    (("rewrite", lambda answer: {"tokens": [10 ** 12]}), 2, "answered no token ids for "),
+    (("rewrite", lambda answer: {"tokens": ["5"]}), 2, "answered no token ids for "),
+    (("rewrite", lambda answer: answer["tokens"]), 2, "answered no token ids for "),  # a bare list
 ])
-def test_a_servers_tokenizer_routes_are_bounded_and_their_ids_checked(servers, proxy, fault, message):
+def test_a_servers_tokenizer_routes_are_bounded_and_their_ids_checked(servers, proxy, fault, timeout, message):
     """`source: server` asks the server's tokenize routes: each answer within its time, bytes
     and origin, its ids integers of a vocabulary, else refused in words naming the route."""
     import resource
@@ -301,11 +338,34 @@ def test_a_servers_tokenizer_routes_are_bounded_and_their_ids_checked(servers, p
     proxy.on = {"/extras/tokenize": fault}
     rss, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
     with pytest.raises(ServedTokenizerError) as err:
-        connect({"url": proxy.url, "model": NAME, "server": "llama.cpp", "timeout_s": 2})
-    assert time.perf_counter() - start < 60
+        connect({"url": proxy.url, "model": NAME, "server": "llama.cpp", "timeout_s": timeout})
+    assert time.perf_counter() - start < 120
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 300 * 1024  # KiB: 200 MB never held
     said = str(err.value)
     assert f"{proxy.url.rsplit('/v1', 1)[0]}/extras/tokenize" in said and message in said and "\n" not in said, said
+
+
+@pytest.mark.parametrize("route, rewrite, message", [
+    ("/extras/tokenize", lambda answer: {"tokens": [1, 2, 3]}, "do not decode back to it"),
+    ("/extras/detokenize", lambda answer: {"text": "something else"}, "do not decode back to it"),
+    ("/extras/tokenize", lambda answer: {"tokens": [2 ** 31 - 1]}, "answered id 2147483647 for 'Name a prime "
+                                                                    "number.', past the 49,152 tokens"),
+])
+def test_a_served_tokenizer_is_checked_on_every_prompt_it_encodes(servers, proxy, route, rewrite, message):
+    """A server whose tokenize or detokenize route answers otherwise for a prompt than for the
+    probe texts it was prepared from: the prompt is refused, naming the route."""
+    from tokenflip.models.served_tokenizer import ServedTokenizer, ServedTokenizerError, connect
+
+    prepared = connect({"url": servers["llama"], "model": NAME, "server": "llama.cpp"})
+    info = {**prepared.info, "vocab_size": 49152}
+    honest = ServedTokenizer({"url": proxy.url, "model": NAME, "server": "llama.cpp"}, info)
+    assert honest.encode("Name a prime number.", False) == prepared.encode("Name a prime number.", False)
+    proxy.on = {route: ("rewrite", rewrite)}
+    served = ServedTokenizer({"url": proxy.url, "model": NAME, "server": "llama.cpp"}, info)
+    with pytest.raises(ServedTokenizerError) as err:
+        served.encode("Name a prime number.", False)
+    said = str(err.value)
+    assert message in said and "/extras/tokenize" in said and "\n" not in said, said
 
 
 def test_a_model_list_past_its_bounds_is_nothing_answering_before_any_job(servers, proxy):

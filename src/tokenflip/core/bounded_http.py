@@ -84,6 +84,6 @@ def fetch_json(method: str, url: str, **kwargs) -> tuple[int, Any, str]:
     status, data = fetch(method, url, **kwargs)
     text = data.decode("utf-8", "replace")
     try:
-        return status, loads_json(text, url), text[:200]
+        return status, loads_json(text, url, finite=False), text[:200]
     except ValueError:  # not JSON, or JSON no answer holds (nested too deep, a 5,000-digit number)
         return status, None, text[:200]

@@ -27,7 +27,7 @@ _CREDENTIAL_SHAPES = [
     # NAME=value or "name": "value" where the name says key, token, secret, password or auth
     # (not NAME_ENV, which names the variable that holds one).
     (re.compile(r"(?i)[A-Z0-9_.-]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PWD|AUTH|CREDENTIAL|SESSION)[A-Z0-9_.-]*"
-                r"(?<![-_]env)[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?([^\s\"',;&]+)"), 1),
+                r"(?<![-_]env)[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?([^\s\"',;&]+)"), 1, "opaque"),
     # An Authorization header's value.
     (re.compile(r"(?i)\b(?:bearer|basic)\s+([A-Za-z0-9._~+/=-]+)"), 1),
     # user:password@ in a URL.
@@ -56,10 +56,17 @@ def redacted(text: str) -> str:
     """`text` with every kept secret and every credential shape masked."""
     for secret in sorted(_SECRETS, key=len, reverse=True):
         text = text.replace(secret, MASK)
-    for shape, group in _CREDENTIAL_SHAPES:
-        text = shape.sub(lambda m: m.group(0)[:m.start(group) - m.start(0)] + MASK
-                         + m.group(0)[m.end(group) - m.start(0):], text)
+    for shape, group, *only in _CREDENTIAL_SHAPES:
+        text = shape.sub(lambda m: m.group(0) if only and not _opaque(m.group(group)) else
+                         m.group(0)[:m.start(group) - m.start(0)] + MASK + m.group(0)[m.end(group) - m.start(0):],
+                         text)
     return text
+
+
+def _opaque(value: str) -> bool:
+    """A value after "key:" that could be a key: 8 characters or more, a letter among them, and
+    not one word of prose or a number (a message's own "a key: name the variable", "tokens: 1000")."""
+    return len(value) >= 8 and any(c.isalpha() for c in value) and not (value.isalpha() and value.islower())
 
 
 def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:

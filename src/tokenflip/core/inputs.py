@@ -176,12 +176,15 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def loads_json(text: str, where: str) -> Any:
+def loads_json(text: str, where: str, finite: bool = True) -> Any:
     """JSON text parsed, or `InputError` naming `where`: not JSON, a number that is not
     finite (NaN, Infinity, 1e309), an integer of more than `MAX_INT_DIGITS` digits, or nested
-    deeper than `MAX_DEPTH`. Every JSON a file, a server or a command line gives is read here."""
+    deeper than `MAX_DEPTH`. Every JSON a file, a server or a command line gives is read here.
+    `finite=False`: NaN and infinities read as floats (tokenflip's own metadata records a
+    missing figure as NaN; what reads it checks each value it uses)."""
+    numbers = {"parse_float": _finite, "parse_constant": _no_constant} if finite else {}
     try:
-        value = json.loads(text, parse_float=_finite, parse_int=_bounded_int, parse_constant=_no_constant)
+        value = json.loads(text, parse_int=_bounded_int, **numbers)
     except RecursionError:
         raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # JSONDecodeError is one

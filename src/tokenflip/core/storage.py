@@ -261,7 +261,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     if raw is None:
         raise StorageError(f"{path}: no tokenflip provenance in the Parquet metadata")
     try:
-        meta = loads_json(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw, "its provenance")
+        meta = loads_json(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw, "its provenance", finite=False)
     except ValueError as exc:
         raise StorageError(f"{path}: its tokenflip provenance is not what tokenflip writes ({exc})") from None
     if not isinstance(meta, dict):

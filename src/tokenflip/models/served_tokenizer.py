@@ -94,9 +94,12 @@ def root_url(url: str) -> str:
 
 def token_ids(answer: Any) -> list[int] | None:
     """The ids a tokenize route answered: `{"tokens": [ids]}` (vLLM, SGLang, llama.cpp), or a
-    list of `{"id": ...}` (TGI); None for anything else (ids that are not integers of 0 to
-    2^31 - 1 included). An empty text's ids may be none."""
+    list of `{"id": ...}` (TGI); None for anything else (a bare list of numbers is no server's
+    answer; ids that are not integers of 0 to 2^31 - 1 included). An empty text's ids may be
+    none."""
     tokens = answer.get("tokens") if isinstance(answer, dict) else answer
+    if isinstance(answer, list) and not all(isinstance(t, dict) for t in answer):
+        return None
     if isinstance(tokens, list) and tokens and all(isinstance(t, dict) for t in tokens):
         tokens = [t.get("id") for t in tokens]
     if isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2 ** 31
@@ -166,18 +169,39 @@ class ServedTokenizer:
         return answer if status == 200 else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The server's ids of `text`, checked (`_checked_ids`) and decoded back to `text`:
+        a route that answers other ids for some texts than for the probes is caught on the
+        prompt itself, which is then refused."""
         key = (text, add_special_tokens)
         if key not in self._encoded:
-            ids = token_ids(self._post(self.family.tokenize,
-                                       self.family.tokenize_body(self.spec["model"], text, add_special_tokens)))
-            if ids is None:
-                raise ServedTokenizerError(f"{self.root + self.family.tokenize} answered no token ids for "
-                                           f"{excerpt(text)}")
+            route = self.root + self.family.tokenize
+            ids = self._checked_ids(route, self._post(self.family.tokenize, self.family.tokenize_body(
+                self.spec["model"], text, add_special_tokens)), text)
             added = self.info.get("added_ids") or []
             if not add_special_tokens and added and ids[: len(added)] == added:  # a route that always adds them
                 ids = ids[len(added):]
+            own = ids[len(added):] if added and ids[: len(added)] == added else ids
+            if self.info.get("probe_sha256") and text.strip() and self.decode(own).strip() != text.strip():
+                raise ServedTokenizerError(f"{route}: its ids of the text {excerpt(text)} do not decode back to it "
+                                           f"({self.root + (self.family.detokenize or '')} answered "
+                                           f"{excerpt(self.decode(own))}): the prompt is refused, its ids cannot "
+                                           f"be trusted")
             self._encoded[key] = ids
         return list(self._encoded[key])
+
+    def _checked_ids(self, route: str, answer: Any, text: str) -> list[int]:
+        """The ids of a tokenize answer, if it has the route's shape and every id is within
+        the vocabulary the server states (where it states one)."""
+        ids = token_ids(answer)
+        if ids is None:
+            raise ServedTokenizerError(f"{route} answered no token ids for {excerpt(text)} (an answer of "
+                                       f"{type(answer).__name__}, not the route's {{\"tokens\": [ids]}})")
+        vocabulary = self.info.get("vocab_size")
+        beyond = next((i for i in ids if vocabulary and i >= vocabulary), None)
+        if beyond is not None:
+            raise ServedTokenizerError(f"{route} answered id {beyond} for {excerpt(text)}, past the {vocabulary:,} "
+                                       f"tokens of the vocabulary the server states")
+        return ids
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": self.encode(text, add_special_tokens)}
@@ -208,15 +232,23 @@ class ServedTokenizer:
         if self.info.get("chat") == "messages":
             body = {"model": self.spec["model"], "messages": messages, "add_generation_prompt": True,
                     "add_special_tokens": False}
-            ids = token_ids(self._post(self.family.tokenize, body))
+            route = self.root + self.family.tokenize
+            ids = self._checked_ids(route, self._post(self.family.tokenize, body), messages[-1]["content"])
+            text = self.decode(ids) if self.info.get("probe_sha256") else None
         elif self.info.get("chat") == "apply-template":
-            prompt = self._post("/apply-template", {"messages": messages}).get("prompt")
-            ids = self.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else None
+            route = self.root + "/apply-template"
+            answer = self._post("/apply-template", {"messages": messages})
+            text = answer.get("prompt") if isinstance(answer, dict) else None
+            if not isinstance(text, str):
+                raise ServedTokenizerError(f"{route} answered no prompt text (an answer of {type(answer).__name__})")
+            ids = self.encode(text, add_special_tokens=False)
         else:
             raise ServedTokenizerError(f"{self.root} renders no chat prompt for a client ({self.family.name}'s "
                                        f"routes): send chat prompts with `api: chat`")
-        if ids is None:
-            raise ServedTokenizerError(f"{self.root}: no token ids for a chat prompt")
+        missing = next((turn for turn in messages if text is not None and turn["content"].strip() not in text), None)
+        if missing is not None:
+            raise ServedTokenizerError(f"{route}: the chat prompt it rendered does not hold the {missing['role']}'s "
+                                       f"turn {excerpt(missing['content'])}: the prompt is refused")
         return ids
 
     def id_of_text(self, token: str) -> int:
@@ -293,6 +325,7 @@ def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokeniz
             info["eos_token_id"], info["eos_from"] = ids[0], "the model entry's eos_token"
         info["chat"] = _chat_route(tokenizer, family)
         info["max_model_len"] = _model_length(tokenizer)
+        info["vocab_size"] = info.get("vocab_size") or _vocabulary(tokenizer)
         tokenizer = ServedTokenizer(spec, info)
         info["probe_sha256"] = tokenizer.probe_sha256()
         return tokenizer
@@ -303,7 +336,7 @@ def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokeniz
 
 def _described(tokenizer: ServedTokenizer, family: Family) -> dict[str, Any]:
     """What the server's info route says: its end-of-sequence token and chat template."""
-    out: dict[str, Any] = {"eos_token_id": None, "eos_from": None, "chat_template_text": None}
+    out: dict[str, Any] = {"eos_token_id": None, "eos_from": None, "chat_template_text": None, "vocab_size": None}
     if not family.info:
         return out
     try:
@@ -312,6 +345,8 @@ def _described(tokenizer: ServedTokenizer, family: Family) -> dict[str, Any]:
         return out
     if not isinstance(answer, dict):
         return out
+    size = answer.get("vocab_size")
+    out["vocab_size"] = size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 2 ** 31 else None
     template = answer.get("chat_template")
     out["chat_template_text"] = template if isinstance(template, str) and len(template) <= LONGEST_TEMPLATE else None
     eos = answer.get("eos_token")
@@ -321,6 +356,17 @@ def _described(tokenizer: ServedTokenizer, family: Family) -> dict[str, Any]:
         if len(ids) == 1:
             out["eos_token_id"], out["eos_from"] = ids[0], f"{tokenizer.root + family.info} ({eos!r})"
     return out
+
+
+def _vocabulary(tokenizer: ServedTokenizer) -> int | None:
+    """The vocabulary's size where the model list states it (llama.cpp's `meta.n_vocab`)."""
+    try:
+        answer = tokenizer._get(tokenizer.spec["url"].rstrip("/") + "/models")
+        size = next((m.get("meta", {}).get("n_vocab") for m in answer.get("data") or []
+                     if isinstance(m, dict) and isinstance(m.get("meta"), dict)), None)
+    except Exception:  # noqa: BLE001 - a model list without it: ids are bounded by 2^31 and the round trip
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 2 ** 31 else None
 
 
 def _model_length(tokenizer: ServedTokenizer) -> int | None:

@@ -124,8 +124,9 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
                        excess=(u - w) / max(1, d.look.n), interval_low=d.look.low, interval_high=d.look.high,
                        interval_of="excess",
                        e_value=d.e_value if d.e_value is not None else d.look.e_changes, comparisons_tested=judged,
-                       floors_paired=json.dumps([{"n": d.look.n, "only_comparison": a, "neither_or_both": b,
-                                                  "only_floor": c} for a, b, c in d.look.counts]),
+                       floors_paired=json.dumps([{"floor": f["pair_id"], "n": d.look.n, "only_comparison": a,
+                                                  "neither_or_both": b, "only_floor": c}
+                                                 for f, (a, b, c) in zip(floor_rows[pid], d.look.counts)]),
                        round_decided=d.round, prompts_decided=d.decided_n or d.look.n, prompts_needed=needed,
                        stopped_early=d.stopped_early)
             out.append(row)

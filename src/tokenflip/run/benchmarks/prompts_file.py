@@ -214,9 +214,9 @@ def _conversation(where: str, messages: Any) -> list[dict]:
     """A `messages` value as a checked conversation: JSON text (a CSV cell) is read first."""
     if isinstance(messages, str):
         try:
-            messages = loads_json(messages, "'messages' is text but")
+            messages = loads_json(messages, "'messages'")
         except InputError as e:
-            raise BenchmarkError(f"{where}: {e}") from None
+            raise BenchmarkError(f"{where}: 'messages' is text but {str(e).split(': ', 1)[-1]}") from None
     if not isinstance(messages, list) or not messages:
         raise BenchmarkError(f"{where}: 'messages' must be a non-empty list of turns, got {excerpt(messages)}")
     if len(messages) > MAX_TURNS:

@@ -77,6 +77,23 @@ def _steps(choice: dict[str, Any], api: str) -> list[tuple[Any, Any, list[tuple[
     return [(tok, score, list((top or {}).items())) for tok, score, top in zip(tokens, chosen, tops)]
 
 
+def echoes(answer, key: str | None) -> bool:
+    """Whether an answer (its body or headers) holds the API key it was sent: a server that
+    would put the key in the cell's file, its report and every message quoting it."""
+    import json
+
+    return bool(key) and (key in json.dumps(answer.body, ensure_ascii=False) or
+                          any(key in str(value) for value in answer.headers.values()))
+
+
+def without_logprobs(answers, asked: bool) -> int | None:
+    """The index of an answer that holds no logprobs where the cell asked for them and other
+    answers of it hold some (a server that ignores the field is recorded as returning none;
+    one that drops them from some answers would leave steps unscored), else None."""
+    held = [a.body["choices"][0].get("logprobs") is not None for a in answers]
+    return held.index(False) if asked and any(held) and not all(held) else None
+
+
 def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabulary: int | None,
             served: frozenset = frozenset()) -> str | None:
     """What is wrong with answer `data` to request `body` (None if nothing): see the module.
@@ -116,6 +133,8 @@ def problem(data: dict[str, Any], body: dict[str, Any], api: str, k: int, vocabu
                         + (f" (0 to {vocabulary - 1})" if vocabulary else ""))
         if asked_tokens and len(ids) > asked_tokens:
             return f"{len(ids)} tokens to a request for at most {asked_tokens}"
+        if not ids and choice.get("finish_reason") == "stop":
+            return "an answer that stopped with no token (a stop is a token the model generated)"
     steps = _steps(choice, api)
     if isinstance(steps, str):
         return steps

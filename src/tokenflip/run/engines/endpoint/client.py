@@ -136,7 +136,7 @@ async def _once(api, spec: dict[str, Any], body: dict[str, Any]) -> tuple[dict[s
         headers = dict(raw.http_response.headers)
     text = b"".join(chunks)
     try:
-        data = loads_json(text.decode("utf-8"), "the body")
+        data = loads_json(text.decode("utf-8"), "the body", finite=False)  # a logprob may be -Infinity
     except UnicodeDecodeError as exc:
         raise MalformedResponse(f"the body is not UTF-8 text (byte {exc.start}): {excerpt(text)}") from None
     except InputError as exc:

@@ -164,6 +164,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     from tokenflip.run.engines.base import DecodedBatch
     from tokenflip.run.engines.endpoint import client, responses, server
     from tokenflip.run.engines.endpoint import tokenizer as tokenizer_check
+    from tokenflip.run.engines.endpoint.answers import echoes, without_logprobs
     from tokenflip.run.engines.endpoint.answers import problem as answer_problem
     from tokenflip.run.sampling import prompt_seed
 
@@ -219,9 +220,16 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     wall = time.perf_counter() - start
     vocabulary_size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
     served = frozenset(m["id"] for m in server.served_models(spec)[0] or [])
+    key = client.api_key(spec) if spec.get("api_key_env") else None
     for (what, body), answer in zip(bodies, answers):  # nothing of an answer is read before it is checked
+        if echoes(answer, key):
+            raise client.EndpointError(f"{what}: {spec['url']} answered with the API key it was sent (in its answer "
+                                       f"or its headers); nothing of this cell is recorded")
         if (wrong := answer_problem(answer.body, body, spec["api"], job.record_top_k, vocabulary_size, served)):
             raise client.EndpointError(f"{what}: {spec['url']} answered {wrong}; nothing of this cell is recorded")
+    if (missing := without_logprobs(answers, logprobs)) is not None:
+        raise client.EndpointError(f"{bodies[missing][0]}: {spec['url']} answered no logprobs, which the cell asked "
+                                   f"for and its other answers hold; nothing of this cell is recorded")
     by_index = dict(zip(order, answers))
     answers = [by_index[i] for i in range(len(items))]  # in the benchmark's order from here
     vocabulary = responses.Vocabulary(tokenizer)
