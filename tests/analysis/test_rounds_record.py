@@ -128,3 +128,56 @@ def test_a_round_stops_what_it_decided_and_sends_on_only_the_cells_still_needed(
     assert record["open"] == [cache.id]
     assert record["continue"] == sorted({c.id for p in (cache, *dict(judged)[cache]) for c in (p.a, p.b)})
     assert decoding.b.id not in record["continue"]
+
+
+def test_a_time_budget_stops_the_round_its_cells_own_seconds_say_would_pass_it(prepared_models, tmp_path):
+    """Round 1 of four real cells (10 prompts a block, each block's job 5 s by its record): 20 s
+    spent, and the next round's 3 cells of the open comparison predicted at 0.5 s a prompt, 15
+    s. A budget of 1 min starts it; one of 30 s does not: the open comparison stops there,
+    undecided, its words naming the budget, and no cell goes on."""
+    import json
+
+    from tokenflip.analysis.rounds import decide_round, stopped_at_budget
+    from tokenflip.core import storage
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.run.cell import run_cell
+    from tokenflip.study.plan import cell_job
+
+    s = tiny_study()
+    s["benchmarks"] = {"a": {"kind": "arithmetic", "n": 20, "max_new_tokens": 6}}
+    s["decoding"] = {"greedy": {"strategy": "greedy"}, "hot": {"strategy": "sample", "temperature": 1.0}}
+    s["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "decoding": ["greedy", "hot"]},
+                  {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "repeat": [2]},
+                  {"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1]}]
+    s["comparisons"] = [{"axis": "decoding", "a": "greedy", "b": "hot"}, {"axis": "repeat", "a": "default", "b": 2},
+                        {"axis": "cache", "a": "on", "b": "off"}]
+    s["probes"], s["blocks"] = {}, {"first": 10}
+    roomy = cfg.validate({**s, "rounds": {"budget": "1 min"}}, check_data=False)
+    tight = cfg.validate({**s, "rounds": {"budget": "30 s"}}, check_data=False)
+    layout = RunLayout(roomy["run"], root=str(tmp_path))
+    cells = expand_cells(roomy)
+    assert len(cells) == 4
+    for cell in cells:
+        path = layout.block(cell.id, 0, 10)
+        run_cell(cell_job(roomy, cell).block(0, 10), prepared_models("llama"), path, progress=False)
+        table, meta = storage.read_cell(path)  # the job's time as a job of its own would record it
+        storage.write_table(table.replace_schema_metadata({}), path,
+                            {k: v for k, v in {**meta, "job_seconds": 5.0}.items()
+                             if k not in ("schema_version", "table_sha256", "meta_sha256")})
+    judged = judged_pairs(expand_pairs(roomy, cells))
+    cache = next(p for p, _ in judged if p.axis == "cache")
+    going = decide_round(roomy, layout, 1, judged, None, tmp_path / "roomy.json")
+    assert going["budget"] == {"budget": "1 min", "seconds": 60.0, "spent_seconds": 20.0, "next_round_seconds": 15.0,
+                               "stops": False}
+    assert going["open"] == [cache.id] and len(going["continue"]) == 3
+    stopped = decide_round(tight, layout, 1, judged, None, layout.round(1))
+    assert stopped["budget"]["stops"] is True and stopped["open"] == [] and stopped["continue"] == []
+    assert stopped["stopped"][cache.id] == {"prompts": 10, "round": 1, "maximum": 20, "budget": "30 s"}
+    assert stopped_at_budget(tight, layout) == {cache.id: (1, "30 s")}
+    assert json.loads(open(layout.round(1)).read())["decided"] == going["decided"]  # the budget decides nothing
+
+    rows, per_prompt, pairs = rows_and_outcomes(tight, lambda i: False, lambda i: False, n=10)
+    row = next(r for r in verdict_rows(tight, rows, per_prompt, pairs, stopped_at_budget(tight, layout))
+               if r["axis"] == "cache")
+    assert row["verdict"] == "undecided"
+    assert "undecided stopped at the study's time budget (30 s) after 10 prompts" in row["verdict_words"]

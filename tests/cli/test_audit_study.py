@@ -88,3 +88,49 @@ def test_a_reference_is_compared_with_the_first_deployment():
 ])
 def test_each_servers_tokenize_answer_is_read_and_anything_else_is_none(answer, ids):
     assert token_ids(answer) == ids
+
+
+def _gate_args(**extra):
+    values = dict(server=None, against=None, reference=None, gate=0.05, prompts=None, prompts_file=None,
+                  budget=None, go_on=False)
+    return argparse.Namespace(**{**values, **extra})
+
+
+def test_an_audit_gate_says_what_its_budget_can_decide_and_refuses_one_that_cannot(capsys):
+    from tokenflip.analysis.decision import prompts_needed
+    from tokenflip.cli.audit_gate import check_budget, families
+
+    args = _gate_args()
+    assert families(args) == (5, 6)  # concurrency, load, logprobs, cold vs warm, the reference; and one floor
+    need = prompts_needed(0.0, 0.0, "gate", bound=0.05, margin=0.05, intervals=6, judged=5)
+    assert check_budget(args) == -(-2 * need // 16) * 16  # twice what a perfect deployment needs, in blocks
+    said = capsys.readouterr().err
+    assert f"at least {need} prompts to show ≤ 5% above the noise floor on a deployment that never parts" in said
+    with pytest.raises(cfg.ConfigError, match=rf"--prompts 32 cannot decide the gate at 0.05: .* needs {need} "
+                                              rf"prompts .* or --go-on"):
+        check_budget(_gate_args(prompts=32))
+    assert check_budget(_gate_args(prompts=32, go_on=True)) == 32
+
+
+def test_an_audit_whose_cell_could_not_be_measured_exits_4_naming_it(tmp_path, monkeypatch, capsys):
+    """The scheduler's own code never reaches CI: a failed run is exit 4, each cell missing named
+    with the last line of its job's log (a key in it masked)."""
+    from tokenflip.cli.audit_gate import finish
+    from tokenflip.core.layout import RunLayout
+    from tokenflip.study.plan import expand_cells
+
+    monkeypatch.chdir(tmp_path)
+    endpoints = {"a_1": _endpoint("http://a:1/v1", "vllm")}
+    config = cfg.validate(study(_args(), endpoints, "none"), source="audit", check_data=False)
+    cells = expand_cells(config)
+    log = tmp_path / RunLayout(config["run"]).log("generate", cells[0].id)
+    log.parent.mkdir(parents=True)
+    log.write_text("loading\ntokenflip generate: error: endpoint 'a_1': http://a:1/v1 answered 500 with "
+                   "Authorization: Bearer sk-live-0123456789abcdef\n")
+    with pytest.raises(SystemExit) as exit_:
+        finish(config, argparse.Namespace(gate=None), 1)
+    assert exit_.value.code == 4
+    said = capsys.readouterr().err
+    assert f"cell {cells[0].id} could not be measured: tokenflip generate: error: endpoint 'a_1'" in said
+    assert "0123456789abcdef" not in said and len(said.splitlines()) == len(cells)
+    assert f"cell {cells[1].id} could not be measured: its job did not run" in said

@@ -563,14 +563,26 @@ def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(se
             servers["llama_two_threads"], "--api", "chat", "--prompts-file", str(prompts), "--tokenizer", "server",
             "--max-tokens", "16", "--concurrency", "2", "--load", "1", "--reference", "none", "--precision", "fp32",
             "--run", "audited"]
-    # The second deployment asks for a key: refused naming the option that gives it, before any job.
+    # The second deployment asks for a key: refused naming the option that gives it, before any
+    # job, as a deployment that cannot be measured (exit 4).
     refused = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 1 and f"{servers['llama_two_threads']}/models answered 401" in refused.stderr
+    assert refused.returncode == 4 and f"{servers['llama_two_threads']}/models answered 401" in refused.stderr
     assert "name the variable that holds it with --api-key-env" in refused.stderr
     assert not (tmp_path / "results").exists()
-    proc = subprocess.run([*argv, "--against-key-env", "SECOND_KEY"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "SECOND_KEY": SECOND_KEY})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    keyed, env = [*argv, "--against-key-env", "SECOND_KEY", "--gate", "0.5"], {**os.environ, "SECOND_KEY": SECOND_KEY}
+    # Four prompts cannot show even a deployment that never parts within 50% of its floor: said
+    # before any request, and refused as a usage error unless told to go on.
+    short = subprocess.run(keyed, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert short.returncode == 2 and "--gate 0.5: at least 12 prompts to show ≤ 50% above the noise floor on a " \
+        "deployment that never parts (5 comparisons judged, 7 intervals at once); this audit takes at most 4 a " \
+        "comparison" in short.stderr, short.stderr
+    assert "--prompts 4 cannot decide the gate at 0.5" in short.stderr and not (tmp_path / "results").exists()
+    proc = subprocess.run([*keyed, "--go-on"], cwd=tmp_path, capture_output=True, text=True, timeout=1800, env=env)
+    # Undecided at four prompts: inconclusive (3), as the gate says of the run's own summary.
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    again = subprocess.run([sys.executable, "-m", "tokenflip", "gate", "results/audited"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 3 and "at --max-divergence 50.0%" in again.stderr, again.stderr
     assert f"{servers['llama']} is llama.cpp (logprobs), named {first!r} in the study" in proc.stderr
     assert f"{servers['llama_two_threads']} is llama.cpp (logprobs), named {second!r}" in proc.stderr
     assert "its prefix cache is not compared cold vs warm: server 'llama.cpp' takes no cache_salt" in proc.stderr
@@ -582,6 +594,8 @@ def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(se
     written = cfg.read_yaml(tmp_path / "audit-audited.yaml")
     assert written["benchmarks"] == {"traffic": {"kind": "prompts", "source": {"path": str(prompts)},
                                                  "max_new_tokens": 16}}
+    assert (written["gate"], written["rounds"], written["blocks"]) == ({"max_divergence": 0.5}, {"max_prompts": 4},
+                                                                       {"first": 4})
     assert written["endpoints"][first] == {"url": servers["llama"], "model": NAME, "api": "chat",
                                            "server": "llama.cpp", "scores": "logprobs"}
     assert written["endpoints"][second] == {"url": servers["llama_two_threads"], "model": NAME, "api": "chat",

@@ -57,3 +57,25 @@ def test_the_plan_states_the_worst_case():
         "rounds: at most 3, 6 blocks, 80 prompts in all (every comparison undecided to its maximum); decided "
         "comparisons stop after the round that decides them"]
     assert plan_lines(study(40), cells) == []
+
+
+@pytest.mark.parametrize("text, seconds", [("10 min", 600), ("90 s", 90), ("1.5h", 5400), ("2 h", 7200)])
+def test_a_time_budget_is_read_in_seconds_and_stated_by_the_plan(text, seconds):
+    from tokenflip.study.rounds import budget_seconds
+
+    config = study(40, rounds={"budget": text})
+    assert budget_seconds(config) == seconds and budget_seconds(study(40, rounds={})) is None
+    assert plan_lines(config, expand_cells(config))[-1].startswith(f"rounds: a budget of {text} ({seconds} s) of the "
+                                                                   f"judged cells' generate jobs")
+
+
+@pytest.mark.parametrize("text", ["10 minutes", "ten min", "-1 s", "1e3 s", "10"])
+def test_a_budget_in_no_unit_of_time_is_refused(text):
+    with pytest.raises(cfg.ConfigError, match=r"rounds.budget"):
+        study(40, rounds={"budget": text})
+
+
+def test_the_schema_and_the_command_line_take_the_same_budgets():
+    from tokenflip.study.rounds import BUDGET_PATTERN
+
+    assert cfg.schema()["properties"]["rounds"]["properties"]["budget"]["pattern"] == BUDGET_PATTERN

@@ -22,7 +22,7 @@ from tokenflip.run.engines import axis_provenance
 
 # Provenance fields that legitimately differ between two cells of one run.
 _FREE_FIELDS = {"cell", "cell_id", "token_stream_sha256", "logits_sha256", "table_sha256", "meta_sha256",
-                "wall_seconds", "cpu_seconds", "generated_tokens", "schema_version", "engine_timing", "traffic", "findings"}
+                "wall_seconds", "cpu_seconds", "job_seconds", "generated_tokens", "schema_version", "engine_timing", "traffic", "findings"}
 
 
 # A code sample's verdicts (the other kinds' are correct, wrong and no_answer).

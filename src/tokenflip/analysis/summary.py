@@ -31,6 +31,7 @@ from tokenflip.analysis.floors import (
     streams_of,
 )
 from tokenflip.analysis.interventions import intervention_rows
+from tokenflip.analysis.rounds import paired_outcomes, stopped_at_budget, verdict_rows  # noqa: F401 - read here
 from tokenflip.core import storage
 from tokenflip.core.axes import AXES
 from tokenflip.core.layout import RunLayout
@@ -329,31 +330,6 @@ def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
     return rows
 
 
-def paired_outcomes(per_prompt: dict[str, pd.DataFrame]) -> dict[str, tuple[list, set]]:
-    """Each compared pair's prompts (in drawn order) and those that parted: what pairs a
-    comparison with its noise floor prompt by prompt (`decision.with_decisions`)."""
-    return {pid: (list(df["prompt_id"]), set(df.loc[~df["identical"].astype(bool), "prompt_id"]))
-            for pid, df in per_prompt.items()}
-
-
-def verdict_rows(config: dict[str, Any], pairs: list[dict], per_prompt: dict[str, pd.DataFrame],
-                 planned_pairs: list) -> list[dict]:
-    """The pair rows, each with its one verdict from the decision module at the rounds' looks."""
-    from tokenflip.analysis import decision
-    from tokenflip.analysis.rounds import judged_pairs
-    from tokenflip.study.rounds import block_ends, rounds_on
-
-    outcomes = paired_outcomes(per_prompt)
-    ends = {b: block_ends(config, b) if rounds_on(config) else [None] for b in config["benchmarks"]}
-    correct = {pid: [(p, bool(a), bool(b)) for p, a, b in zip(df["prompt_id"], df["correct_a"], df["correct_b"])
-                     if a is not None and b is not None and not pd.isna(a) and not pd.isna(b)]
-               for pid, df in per_prompt.items() if {"correct_a", "correct_b"} <= set(df.columns)}
-    return decision.with_decisions(pairs, outcomes, lambda row: [e or len(outcomes[row["pair_id"]][0])
-                                                                 for e in ends[row["benchmark"]]],
-                                   config["verdict"]["margin"], judged=len(judged_pairs(planned_pairs)),
-                                   intervals=len(planned_pairs), correct=correct, gate=config.get("gate"))
-
-
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:
     """Every summary table of the run, and what was refused."""
     checked = Checked()
@@ -367,7 +343,8 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
     diverged = texts.diverged_frame(planned_pairs, first_div, layout, metas, checked.refuse)
     frames = {
         "cells": cells_df,
-        "pairs": pd.DataFrame(verdict_rows(config, pairs, per_prompt, planned_pairs)),
+        "pairs": pd.DataFrame(verdict_rows(config, pairs, per_prompt, planned_pairs,
+                                           stopped_at_budget(config, layout))),
         "first_divergence": first_div,
         "still_identical": pd.DataFrame(still_identical_rows(planned_pairs, per_prompt),
                                         columns=STILL_IDENTICAL_COLUMNS),

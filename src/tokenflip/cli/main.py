@@ -365,11 +365,14 @@ def main(argv: list[str] | None = None) -> int:
             ResultError, PromptFormatError, InputError, CostInputError, EndpointError, WorkerError, VllmError,
             ServedTokenizerError) as exc:
         print(f"tokenflip {args.command}: error: {redacted(str(exc))}", file=sys.stderr)
-        return 1
+        # An audit is a CI step: its own refusals are usage errors (2), a deployment it cannot
+        # measure 4 (docs/endpoints.md), never the gate's "fail" (1).
+        return getattr(exc, "exit_code", None) or (
+            (2 if isinstance(exc, (ConfigError, InputError)) else 4) if args.command == "audit" else 1)
     except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback
         where = f"{shown(exc.filename)}: " if exc.filename is not None else ""
         print(f"tokenflip {args.command}: error: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
-        return 1
+        return 4 if args.command == "audit" else 1
     return 0
 
 

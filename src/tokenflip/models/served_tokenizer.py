@@ -324,8 +324,8 @@ def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokeniz
                                            f"one token")
             info["eos_token_id"], info["eos_from"] = ids[0], "the model entry's eos_token"
         info["chat"] = _chat_route(tokenizer, family)
-        info["max_model_len"] = _model_length(tokenizer)
-        info["vocab_size"] = info.get("vocab_size") or _vocabulary(tokenizer)
+        info["max_model_len"], listed = _model_list(tokenizer)
+        info["vocab_size"] = info.get("vocab_size") or listed
         tokenizer = ServedTokenizer(spec, info)
         info["probe_sha256"] = tokenizer.probe_sha256()
         return tokenizer
@@ -358,26 +358,20 @@ def _described(tokenizer: ServedTokenizer, family: Family) -> dict[str, Any]:
     return out
 
 
-def _vocabulary(tokenizer: ServedTokenizer) -> int | None:
-    """The vocabulary's size where the model list states it (llama.cpp's `meta.n_vocab`)."""
+def _model_list(tokenizer: ServedTokenizer) -> tuple[int | None, int | None]:
+    """The served model's length (vLLM's `max_model_len`) and vocabulary size (llama.cpp's
+    `meta.n_vocab`) where the model list states them."""
+    def bounded(value):
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2 ** 31 else None
+
     try:
         answer = tokenizer._get(tokenizer.spec["url"].rstrip("/") + "/models")
-        size = next((m.get("meta", {}).get("n_vocab") for m in answer.get("data") or []
-                     if isinstance(m, dict) and isinstance(m.get("meta"), dict)), None)
-    except Exception:  # noqa: BLE001 - a model list without it: ids are bounded by 2^31 and the round trip
-        return None
-    return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 2 ** 31 else None
-
-
-def _model_length(tokenizer: ServedTokenizer) -> int | None:
-    """The served model's length where its model list names one (vLLM's `max_model_len`)."""
-    try:
-        answer = tokenizer._get(tokenizer.spec["url"].rstrip("/") + "/models")
-        length = next((m.get("max_model_len") for m in answer.get("data") or []
-                       if isinstance(m, dict) and m.get("id") == tokenizer.spec["model"]), None)
-    except Exception:  # noqa: BLE001 - a model list without lengths: the context is not known
-        return None
-    return length if isinstance(length, int) and not isinstance(length, bool) and 0 < length < 2 ** 31 else None
+        mine = [m for m in answer.get("data") or [] if isinstance(m, dict)]
+    except Exception:  # noqa: BLE001 - no model list: neither is known (ids stay bounded by 2^31 and the round trip)
+        return None, None
+    length = next((m.get("max_model_len") for m in mine if m.get("id") == tokenizer.spec["model"]), None)
+    vocabulary = next((m["meta"].get("n_vocab") for m in mine if isinstance(m.get("meta"), dict)), None)
+    return bounded(length), bounded(vocabulary)
 
 
 def generation_config(served: ServedTokenizer):

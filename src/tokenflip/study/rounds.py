@@ -48,6 +48,20 @@ def first_block(config: dict[str, Any]) -> int:
     return int(given) if given is not None else math.lcm(DEFAULT_FIRST, *batch_sizes(config))
 
 
+UNIT_SECONDS = {"s": 1, "min": 60, "h": 3600}
+# What `rounds.budget` takes (the config schema's pattern is this one): "10 min", "90 s", "1.5h".
+BUDGET_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(s|min|h)$"
+
+
+def budget_seconds(config: dict[str, Any]) -> float | None:
+    """`rounds.budget` in seconds ("10 min" is 600), None where the rounds have none."""
+    text = (config.get("rounds") or {}).get("budget")
+    if not text:
+        return None
+    number, unit = text[: len(text.rstrip("minhs"))].strip(), text[len(text.rstrip("minhs")):]
+    return float(number) * UNIT_SECONDS[unit]
+
+
 def max_prompts(config: dict[str, Any], benchmark: str) -> int | None:
     """The most prompts a cell of `benchmark` generates (None: every item of the benchmark)."""
     n = config["benchmarks"][benchmark].get("n")
@@ -112,4 +126,8 @@ def plan_lines(config: dict[str, Any], cells: list[Cell]) -> list[str]:
         lines.append(f"rounds: at most {worst['rounds']}, {worst['blocks']} blocks, {worst['prompts']} prompts in all "
                      f"(every comparison undecided to its maximum); decided comparisons stop after the round that "
                      f"decides them")
+        if (budget := budget_seconds(config)) is not None:
+            lines.append(f"rounds: a budget of {config['rounds']['budget']} ({budget:g} s) of the judged cells' "
+                         f"generate jobs: no round starts that their own measured seconds a prompt predict would "
+                         f"pass it; what is open then stops, undecided at the budget")
     return lines

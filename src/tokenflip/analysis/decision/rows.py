@@ -48,7 +48,10 @@ def _needed(look: Look, margin: float, intervals: int, judged: int) -> int | Non
     return prompts_needed(u / n, w / n, "verdict", start=look.n, margin=margin, intervals=intervals, judged=judged)
 
 
-def verdict_words(decision: Decision, parted: int, margin: float, needed: int | None) -> str:
+def verdict_words(decision: Decision, parted: int, margin: float, needed: int | None,
+                  budget: str | None = None) -> str:
+    """The verdict in words; `budget`: the study's time budget, where its rounds stopped this
+    comparison undecided."""
     look = decision.look
     taken = decision.decided_n or look.n
     where = (f"in round {decision.round} of {decision.rounds}, after {taken} prompts" if decision.rounds > 1 else
@@ -64,7 +67,9 @@ def verdict_words(decision: Decision, parted: int, margin: float, needed: int | 
         return (f"within noise: within ±{margin:.0%} of the noise floor, shown {where}{later} ({parted} of {look.n} "
                 f"parted; {span})")
     why = (f"stopped after {look.n} prompts: no continuation to its maximum of {decision.maximum} could decide it"
-           if decision.stopped_early else f"at its maximum of {look.n} prompts")
+           if decision.stopped_early else
+           f"stopped at the study's time budget ({budget}) after {look.n} prompts" if budget else
+           f"at its maximum of {look.n} prompts")
     more = (f"about {needed} prompts in all would decide it at the rates seen" if needed else
             f"more than {MOST_PROMPTS:,} prompts would be needed at the rates seen")
     return f"undecided {why} ({parted} parted; {span}): {more}"
@@ -73,13 +78,14 @@ def verdict_words(decision: Decision, parted: int, margin: float, needed: int | 
 def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], looks_of, margin: float = MARGIN,
                    alpha: float = ALPHA, judged: int | None = None, intervals: int | None = None,
                    correct: dict[str, list[tuple[str, bool, bool]]] | None = None,
-                   gate: dict | None = None) -> list[dict]:
+                   gate: dict | None = None, budget: dict[str, str] | None = None) -> list[dict]:
     """The summary's pair rows, each with its one verdict. `outcomes`: each pair's prompts in
     drawn order and those that parted; `looks_of(row)`: the prompts its benchmark has at each
     round (`[n]` without rounds); `judged` and `intervals`: the study's families (its planned
     judged comparisons and its planned pairs); `correct`: per pair, (prompt, a right, b right)
     for the scored prompts, for the accuracy rule; `gate`: the study's declared gate (its
-    comparisons go on after their verdict until the gate is decided, as the rounds did)."""
+    comparisons go on after their verdict until the gate is decided, as the rounds did);
+    `budget`: the comparisons the rounds stopped at the study's time budget, with that budget."""
     floors = repeat_floors(rows)
     comparisons, looks, floor_rows = {}, {}, {}
     for row in rows:
@@ -119,7 +125,8 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
             floor = floor_rows[pid][d.look.counts.index((u, l, w))]
             needed = None if d.verdict else _needed(d.look, margin, intervals, judged)
             parted_then = sum(p in outcomes[pid][1] for p in outcomes[pid][0][: d.look.n])  # at its last look
-            row.update(verdict=d.verdict or "undecided", verdict_words=verdict_words(d, parted_then, margin, needed),
+            row.update(verdict=d.verdict or "undecided", verdict_words=verdict_words(d, parted_then, margin, needed,
+                                                                               (budget or {}).get(pid)),
                        floor_rate=(int(floor["n_diverged"]) / int(floor["n_prompts"])) if floor else None,
                        excess=(u - w) / max(1, d.look.n), interval_low=d.look.low, interval_high=d.look.high,
                        interval_of="excess",
