@@ -658,3 +658,60 @@ def test_a_cold_cell_is_refused_for_a_server_that_takes_no_cache_salt(servers):
             "cannot be kept from its prefix cache (compare warm with as_is)") in str(err.value)
     study["grids"][0]["server_cache"] = ["as_is", "warm"]
     assert cfg.validate(study, source="endpoint.yaml", check_data=False)
+
+
+def _ci_recipe() -> str:
+    """The CI job of docs/endpoints.md, as written there."""
+    from conftest import REPO
+
+    text = (REPO / "docs" / "endpoints.md").read_text()
+    after = text.split("After a deploy, in a GitHub Actions or GitLab CI job", 1)[1]
+    return after.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_ci_recipe_runs_from_the_built_wheel_outside_the_checkout(servers, tmp_path):
+    """The wheel is built from the package alone and installed apart from the checkout; the
+    recipe's own lines run in another directory against a real llama.cpp server behind a key.
+    The audit runs the workflow shipped in the wheel, decides in rounds at the gate, exits with
+    the gate's code (what `tokenflip gate` says of its summary) and leaves the JUnit file and
+    the report where the recipe says."""
+    import shutil
+
+    from conftest import REPO
+
+    build = tmp_path / "build"
+    shutil.copytree(REPO / "src", build / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, build / name)
+    job, site, shims = tmp_path / "ci-job", tmp_path / "site", tmp_path / "shims"
+    for folder in (job, shims):
+        folder.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
+                    str(job), str(build)], check=True, timeout=600, capture_output=True)
+    wheel = next(job.glob("tokenflip-*.whl"))
+    import zipfile
+
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    assert {"tokenflip/workflow/Snakefile", "tokenflip/workflow/rules/generate.smk",
+            "tokenflip/workflow/profiles/default/config.yaml"} <= shipped
+    # `pip` of the recipe installs into a folder of its own (the test's environment holds the
+    # dependencies; the checkout's editable install is never what runs: PYTHONPATH comes first).
+    (shims / "pip").write_text(f'#!/bin/sh\nshift\nexec {sys.executable} -m pip install --quiet --no-deps '
+                               f'--no-index --target {site} "$@"\n')
+    (shims / "pip").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shims}:{site / 'bin'}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+           "PYTHONPATH": str(site), "ENDPOINT_URL": servers["llama_two_threads"], "MODEL": NAME,
+           "ENDPOINT_KEY": SECOND_KEY, "GATE": "0.5", "MAX_TOKENS": "16"}
+    proc = subprocess.run(["bash", "-c", _ci_recipe()], cwd=job, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    where = subprocess.run([sys.executable, "-c", "import tokenflip; print(tokenflip.__file__)"], cwd=job, env=env,
+                           capture_output=True, text=True).stdout
+    assert where.startswith(str(site)), where
+    assert f"Snakefile: {site}/tokenflip/workflow/Snakefile" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode in (0, 1, 3), proc.stderr[-3000:]
+    gate = subprocess.run([sys.executable, "-m", "tokenflip", "gate", "results/deploy-check"], cwd=job, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert gate.returncode == proc.returncode, gate.stderr
+    assert (job / "results" / "deploy-check" / "gate.junit.xml").is_file()
+    assert (job / "reports" / "deploy-check" / "index.html").is_file()
+    assert SECOND_KEY not in proc.stdout + proc.stderr

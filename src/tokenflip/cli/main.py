@@ -22,6 +22,7 @@ from tokenflip.cli.args import check_paths, config_args, json_arg, length_arg, m
 from tokenflip.cli.audit import add_commands as add_endpoint_commands
 from tokenflip.cli.gate import add_command as add_gate_command
 from tokenflip.cli.run_cell import cmd_run_cell
+from tokenflip.cli.workflow import add_command as add_run_command
 from tokenflip.core.excerpt import redacted
 from tokenflip.core.inputs import InputError, shown
 
@@ -333,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     _job_commands(sub)
     add_endpoint_commands(sub)
     add_gate_command(sub)
+    add_run_command(sub)
     return parser
 
 

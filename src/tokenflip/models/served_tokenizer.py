@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tokenflip.core.excerpt import excerpt, keep_secret
+from tokenflip.models.served_routes import Family, families, root_url, token_ids
 
 # A server's tokenizer, prepared: the server's URL and model, the routes it offers, the
 # special ids it names and its ids' digest.
@@ -49,63 +49,6 @@ LONGEST_TEMPLATE = 256 << 10
 
 class ServedTokenizerError(RuntimeError):
     """A server that cannot tokenize for tokenflip, or whose tokenizer changed."""
-
-
-@dataclass(frozen=True)
-class Family:
-    """One server family's tokenizer routes (paths under the server's root)."""
-
-    name: str
-    tokenize: str
-    tokenize_body: Callable[[str, str, bool], dict[str, Any]]  # (model, text, add_special) -> body
-    detokenize: str | None
-    detokenize_body: Callable[[str, list[int]], dict[str, Any]] | None
-    detokenized: tuple[str, ...]  # the answer's fields that may hold the text (the first present)
-    chat: str | None = None  # "messages" (tokenize takes them) or "apply-template"
-    info: str | None = None  # a route naming special tokens and the chat template
-
-
-VLLM = Family("vllm", "/tokenize", lambda m, t, s: {"model": m, "prompt": t, "add_special_tokens": s},
-              "/detokenize", lambda m, ids: {"model": m, "tokens": ids}, ("prompt", "text"), "messages",
-              "/tokenizer_info")  # vLLM answers its text as "prompt", SGLang as "text"
-LLAMA_CPP_PYTHON = Family("llama-cpp-python", "/extras/tokenize", lambda m, t, s: {"model": m, "input": t},
-                          "/extras/detokenize", lambda m, ids: {"model": m, "tokens": ids}, ("text",))
-LLAMA_CPP = Family("llama.cpp", "/tokenize", lambda m, t, s: {"content": t, "add_special": s},
-                   "/detokenize", lambda m, ids: {"tokens": ids}, ("content",), "apply-template", "/props")
-TGI = Family("tgi", "/tokenize", lambda m, t, s: {"inputs": t, "add_special_tokens": s}, None, None, ())
-
-
-def families(server_kind: str) -> list[Family]:
-    """The families a server of `server_kind` may be, its own first (an unknown kind: all)."""
-    if server_kind in ("vllm", "sglang"):
-        return [VLLM]
-    if server_kind == "llama.cpp":
-        return [LLAMA_CPP_PYTHON, LLAMA_CPP]
-    if server_kind == "tgi":
-        return [TGI]
-    return [VLLM, LLAMA_CPP_PYTHON, LLAMA_CPP, TGI]
-
-
-def root_url(url: str) -> str:
-    """The server's root: the OpenAI base URL without its `/v1`."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def token_ids(answer: Any) -> list[int] | None:
-    """The ids a tokenize route answered: `{"tokens": [ids]}` (vLLM, SGLang, llama.cpp), or a
-    list of `{"id": ...}` (TGI); None for anything else (a bare list of numbers is no server's
-    answer; ids that are not integers of 0 to 2^31 - 1 included). An empty text's ids may be
-    none."""
-    tokens = answer.get("tokens") if isinstance(answer, dict) else answer
-    if isinstance(answer, list) and not all(isinstance(t, dict) for t in answer):
-        return None
-    if isinstance(tokens, list) and tokens and all(isinstance(t, dict) for t in tokens):
-        tokens = [t.get("id") for t in tokens]
-    if isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2 ** 31
-                                        for t in tokens):
-        return tokens
-    return None
 
 
 def headers(spec: dict[str, Any]) -> dict[str, str]:
@@ -181,13 +124,44 @@ class ServedTokenizer:
             if not add_special_tokens and added and ids[: len(added)] == added:  # a route that always adds them
                 ids = ids[len(added):]
             own = ids[len(added):] if added and ids[: len(added)] == added else ids
-            if self.info.get("probe_sha256") and text.strip() and self.decode(own).strip() != text.strip():
+            if self.info.get("probe_sha256") and text.strip() and not self._round_trips(text, own):
                 raise ServedTokenizerError(f"{route}: its ids of the text {excerpt(text)} do not decode back to it "
                                            f"({self.root + (self.family.detokenize or '')} answered "
                                            f"{excerpt(self.decode(own))}): the prompt is refused, its ids cannot "
                                            f"be trusted")
             self._encoded[key] = ids
         return list(self._encoded[key])
+
+    def _round_trips(self, text: str, ids: list[int]) -> bool:
+        """Whether `ids` decode back to `text`: whole, or, where the text holds special tokens
+        (which a detokenize route renders as nothing), piece by piece: the runs of ids between
+        them spell the text between them, in order, and what the special tokens stand for is
+        short chunks without spaces (`<|im_end|>`), never words, nor text before or after."""
+        if self.decode(ids).strip() == text.strip():
+            return True
+        invisible = [self.decode([i]) == "" for i in ids]
+        if not any(invisible):
+            return False
+        runs, run = [], []
+        for i, gone in zip(ids, invisible):
+            if gone:
+                runs.append(run)
+                run = []
+            else:
+                run.append(i)
+        runs.append(run)
+        at, chunks = 0, []
+        for index, piece in enumerate(self.decode(r) if r else "" for r in runs):
+            found = text.find(piece, at)
+            if found < 0 or (index == 0 and text[:found].strip()):
+                return False
+            chunks.append(text[at:found] if index else "")  # what the special tokens before this run stood for
+            at = found + len(piece)
+        chunks[-1] += text[at:] if not runs[-1] else ""  # a special token last
+        if runs[-1] and text[at:].strip():
+            return False  # text after the last run that no id spells
+        return all(not c.strip() or (len(c.strip()) <= 64 and not any(ch.isspace() for ch in c.strip())
+                                     and not c.strip().isalnum()) for c in chunks)
 
     def _checked_ids(self, route: str, answer: Any, text: str) -> list[int]:
         """The ids of a tokenize answer, if it has the route's shape and every id is within

@@ -27,7 +27,7 @@ DEFAULT_CONFIG = "config/config.yaml"
 
 
 class ConfigError(ValueError):
-    pass
+    """A config, or a command's arguments, that cannot run (the message names what and why)."""
 
 
 # JSON Schema counts 6.0 as an integer; a job does not (range(6.0) fails), so neither do we.
@@ -59,8 +59,7 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if tree := kernel_file(path):
+    if tree := kernel_file(path := Path(path)):
         raise ConfigError(f"{path}: a file of the kernel's {tree} tree, not a config")
     try:
         with path.open() as fh:

@@ -140,7 +140,7 @@ def identity(spec: dict[str, Any]) -> dict[str, Any]:
     """The served model's entry (without what changes per call) and the version the server
     reports at /version, where it has one."""
     from tokenflip.core.bounded_http import fetch_json
-    from tokenflip.models.served_tokenizer import root_url
+    from tokenflip.models.served_routes import root_url
 
     models, _ = served_models(spec)
     entry = next((m for m in models or [] if m["id"] == spec["model"]), {})

@@ -13,7 +13,7 @@ rule summarize:
     log:
         LAYOUT.log("summarize", "summarize"),
     conda:
-        "../../envs/tokenflip.yaml"
+        CONDA_ENV
     shell:
         "tokenflip summarize --config-json {params.config:q} > {log:q} 2>&1"
 
@@ -28,6 +28,6 @@ rule report:
     log:
         LAYOUT.log("report", "report"),
     conda:
-        "../../envs/tokenflip.yaml"
+        CONDA_ENV
     shell:
         "tokenflip report --config-json {params.config:q} > {log:q} 2>&1"

@@ -26,7 +26,7 @@ rule generate:
         gpu=gpu_tokens,
         endpoint_traffic=endpoint_tokens,
     conda:
-        "../../envs/tokenflip.yaml"
+        CONDA_ENV
     shell:
         "tokenflip generate --job {params.job:q} --model-dir {input.model:q} --out {output:q} > {log:q} 2>&1"
 

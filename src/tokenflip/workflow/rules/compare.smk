@@ -15,7 +15,7 @@ rule compare:
         LAYOUT.log("compare", "{model}/{benchmark}/{axis}/{a}_vs_{b}/{context}"),
     priority: compare_priority
     conda:
-        "../../envs/tokenflip.yaml"
+        CONDA_ENV
     shell:
         "tokenflip compare {input.a:q} {input.b:q} --pair-id {params.pair:q} --out {output:q} > {log:q} 2>&1"
 

@@ -22,7 +22,7 @@ for _probe in PROBES:
         resources:
             gpu=gpu_tokens,
         conda:
-            "../../envs/tokenflip.yaml"
+            CONDA_ENV
         shell:
             "tokenflip probe --job {params.job:q} --model-dir {input.model:q} --out-dir {params.out_dir:q} "
             "--pairs {input.pairs:q} > {log:q} 2>&1"

@@ -26,7 +26,7 @@ rule prepare_model:
     log:
         LAYOUT.log("prepare_model", "{model}"),
     conda:
-        "../../envs/tokenflip.yaml"
+        CONDA_ENV
     shell:
         # On failure the log's end (its cause) goes to the console, not only into the log.
         "tokenflip prepare-model --spec {params.spec:q} --out {output:q} > {log:q} 2>&1 "
@@ -48,7 +48,7 @@ rule check_prompts:
     log:
         LAYOUT.log("check_prompts", "{model}/{benchmark}"),
     conda:
-        "../../envs/tokenflip.yaml"
+        CONDA_ENV
     shell:
         "tokenflip check-prompts --benchmark {wildcards.benchmark:q} --spec {params.spec:q} "
         "--model-dir {input.model:q} --max-new-tokens {params.max_new_tokens} --out {output:q} > {log:q} 2>&1"
