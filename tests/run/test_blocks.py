@@ -14,7 +14,7 @@ from conftest import tiny_study
 from tokenflip.core import storage
 from tokenflip.core.specs import CellJob, JobSpecError
 from tokenflip.run.cell import run_cell
-from tokenflip.run.cell_output import BlockError, join_blocks
+from tokenflip.run.blocks import BlockError, join_blocks
 from tokenflip.study import config as cfg
 from tokenflip.study.plan import cell_job, expand_cells
 

@@ -156,7 +156,7 @@ def test_a_block_job_decodes_only_its_blocks_prompts(cells, prepared_models, tmp
     of the fp32 cell is its second prompt, bit for bit, and joins into the cell made at once."""
     from tokenflip.core import storage
     from tokenflip.run.cell import run_cell
-    from tokenflip.run.cell_output import join_blocks
+    from tokenflip.run.blocks import join_blocks
 
     job = _job("fp32", "on")
     blocks = [(str(tmp_path / f"{first}-{end}.parquet"), first, end) for first, end in ((0, 1), (1, 2))]

@@ -243,6 +243,15 @@ def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         pq.write_table(table, tmp, compression="zstd", compression_level=3, write_page_checksum=True)
 
 
+
+def write_cell_file(table: pa.Table, out_path: str | Path, metadata: dict[str, Any]) -> dict[str, Any]:
+    """A cell's table written with the digests of its data, which every reader recomputes."""
+    metadata = {**metadata, "token_stream_sha256": token_stream_digest(table),
+                "logits_sha256": logits_digest(table)}
+    write_table(table, out_path, metadata)
+    return metadata
+
+
 def write_json(path: str | Path, data: Any) -> None:
     """Write a small JSON record atomically."""
     with atomic_path(path) as tmp:

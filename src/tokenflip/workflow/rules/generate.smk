@@ -59,7 +59,7 @@ if BLOCKS:
         params:
             job=cell_job_json,
         run:
-            from tokenflip.run.cell_output import join_blocks
+            from tokenflip.run.blocks import join_blocks
             from tokenflip.core.specs import CellJob
 
             join_blocks(CellJob.from_json(params.job), block_list(cell_of(wildcards)), output[0])
