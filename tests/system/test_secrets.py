@@ -186,3 +186,23 @@ def test_an_audit_sends_nothing_before_every_key_and_url_is_checked(recording, t
     named = {"not-a-key": "$HOME", "unset": "$UNSET_API_KEY", "url-password": "user name or password",
              "against-not-a-key": "$PATH", "against-unset": "$UNSET_API_KEY"}[how]
     assert named in err, err
+
+
+@pytest.mark.parametrize("entry, named", [
+    ({"api_key_env": "HOME"}, "endpoints.prod.api_key_env: $HOME is not a key for this server"),
+    ({"api_key_env": "AWS_SECRET_ACCESS_KEY"}, "endpoints.prod.api_key_env: $AWS_SECRET_ACCESS_KEY is not a key"),
+    ({"url_userinfo": True}, "endpoints.prod.url: it holds a user name or password"),
+])
+def test_a_study_whose_endpoint_entry_would_send_a_secret_is_refused_before_any_request(recording, entry, named):
+    from tokenflip.study import config as cfg
+
+    url = recording.url.replace("http://", f"http://user:{CANARY}@") if entry.pop("url_userinfo", False) \
+        else recording.url
+    study = tiny_study()
+    study["endpoints"] = {"prod": {"url": url, "model": "m", "server": "vllm", **entry}}
+    study["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "engine": ["prod"]}]
+    study["comparisons"], study["probes"] = [], {}
+    with pytest.raises(cfg.ConfigError) as err:
+        cfg.validate(study, source="study.yaml")
+    assert named in str(err.value) and "tfcanary" not in str(err.value), str(err.value)
+    assert recording.requests == []
