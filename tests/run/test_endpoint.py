@@ -83,16 +83,23 @@ def _cell(config, servers, tmp_path, engine: str, **axes):
 
 # --- What a server did that no client sees --------------------------------------------
 
-def test_llama_cpp_servers_repetition_penalty_is_a_finding_naming_its_steps(servers, tmp_path):
+def test_llama_cpp_servers_repetition_penalty_is_asked_off_and_where_asked_for_is_a_finding(servers, tmp_path):
     """llama-cpp-python's server applies `repeat_penalty` 1.1 after the logprobs it reports:
-    at temperature 0 it picks tokens below its own top score. Each such step is named, and
-    each named step is one where the chosen token's score is below the top one."""
-    config = _config(servers)
+    at temperature 0 it picks tokens below its own top score. tokenflip asks it for none, and
+    then the server chooses its top token at every step; asked for it (`extra_body`), each
+    step it chose otherwise is named, and each named step is one where the chosen token's score
+    is below the top one."""
+    config = _config(servers, penalised={"url": servers["llama"], "model": NAME, "server": "llama.cpp",
+                                         "extra_body": {"repeat_penalty": 1.1}})
     # Arithmetic prompts: the penalty acts within 32 tokens (at steps 19-32 of every prompt
     # on this server; the word problems need longer completions).
     config["benchmarks"]["steps"] = {"kind": "arithmetic", "n": 2, "seed": 0, "max_new_tokens": 32, "stop": []}
     config = cfg.validate(config, source="endpoint.yaml", check_data=False)
-    table, meta = _cell(config, servers, tmp_path, "llama")
+    _, neutral = _cell(config, servers, tmp_path, "llama")
+    assert neutral["engine"]["request"]["repeat_penalty"] == 1.0
+    assert neutral["findings"]["not_top_choice"]["prompts"] == 0, neutral["findings"]["not_top_choice"]
+    table, meta = _cell(config, servers, tmp_path, "penalised")
+    assert meta["engine"]["request"]["repeat_penalty"] == 1.1
     found = meta["findings"]["not_top_choice"]
     assert found["prompts"] >= 1, found
     assert meta["engine"]["ids_from"] == ["text"] and meta["findings"]["ids_not_spelling_text"] == []
@@ -107,11 +114,12 @@ def test_llama_cpp_servers_repetition_penalty_is_a_finding_naming_its_steps(serv
     from tokenflip.analysis.compare import compare_files
     from tokenflip.core.specs import Pair
 
-    cells = {e: Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine=e) for e in ("transformers", "llama")}
+    cells = {e: Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine=e)
+             for e in ("transformers", "penalised")}
     _cell(config, servers, tmp_path, "transformers")
     paths = {e: tmp_path / f"{c.id.rsplit('/', 1)[-1]}.parquet" for e, c in cells.items()}
-    compare_files(Pair("engine", cells["transformers"], cells["llama"]), paths["transformers"], paths["llama"],
-                  tmp_path / "pair.parquet")
+    compare_files(Pair("engine", cells["transformers"], cells["penalised"]), paths["transformers"],
+                  paths["penalised"], tmp_path / "pair.parquet")
     served = {r["prompt_id"]: r for r in table.to_pylist()}
     parted = [r for r in storage.read_table(tmp_path / "pair.parquet")[0].to_pylist() if not r["identical"]]
     assert parted
@@ -629,7 +637,7 @@ def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(se
     html = report.read_text()
     assert f"engine: {first} vs {second}" in html
     assert "Order 1234, placed last Monday." in html and "What is 17 + 25?" in html  # "Your prompts"
-    assert "the server chose a token below its own top score at temperature 0 (" in html
+    assert "the server chose a token below its own top score at temperature 0 (" not in html  # asked neutral
     assert "none here (tokenizer only: the weights are the server's)" in html
 
 

@@ -224,7 +224,7 @@ def cmd_audit(args) -> None:
                 refused += " (the server asks for a key: name the variable that holds it with --api-key-env)"
             raise unmeasurable(refused)
         server = (args.server if name == first else None) or server_kind_of(spec)
-        scores = scores_kind_of({**spec, "api": args.api}) if args.api == "completions" else "logprobs"
+        scores = scores_kind_of({**spec, "api": args.api})  # what its logprobs hold, asked through the cells' API
         endpoints[name] = side(args, url_, model, key_env, server, scores)
         print(f"tokenflip audit: {url_} is {server} ({scores}), named {name!r} in the study", file=sys.stderr)
         if name == first and server not in CACHE_SALT_SERVERS:

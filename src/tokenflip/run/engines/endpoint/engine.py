@@ -41,6 +41,10 @@ ID_SERVERS = ("vllm", "sglang")
 EXTENSIONS = {
     "vllm": lambda eos: {"return_token_ids": True, "return_tokens_as_token_ids": True, "stop_token_ids": eos},
     "sglang": lambda eos: {"return_token_ids": True, "stop_token_ids": eos},
+    # llama.cpp's servers apply a repetition penalty of 1.1 by default, at temperature 0 too,
+    # after the logprobs they report: asked neutral, so that a cell measures numerics, not a
+    # server default (an endpoint's `extra_body: {repeat_penalty: 1.1}` asks for it again).
+    "llama.cpp": lambda eos: {"repeat_penalty": 1.0},
 }
 # Servers that take a `cache_salt`: a request whose salt no other request had reuses no
 # cached prefix (vLLM's isolation of tenants' prefix caches), so a cell can be sent cold.

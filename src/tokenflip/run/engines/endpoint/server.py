@@ -167,24 +167,33 @@ def server_kind_of(spec: dict[str, Any]) -> str:
 
 
 def scores_kind_of(spec: dict[str, Any]) -> str:
-    """What the server's logprob fields hold, from one short request: a value above 0 is no
-    logprob (vLLM started with `--logprobs-mode raw_logits`)."""
+    """What the server's logprob fields hold, from one short request through the API the cells
+    use (`spec["api"]`, completions by default): a value above 0 is no logprob (vLLM started
+    with `--logprobs-mode raw_logits`, which acts on both APIs)."""
     import asyncio
     import math
 
     from tokenflip.run.engines.endpoint import client
 
-    body = {"model": spec["model"], "max_tokens": 2, "temperature": 0.0, "logprobs": 2, "prompt": "The"}
+    api_name = spec.get("api", "completions")
+    body = {"model": spec["model"], "max_tokens": 2, "temperature": 0.0}
+    body.update({"messages": [{"role": "user", "content": "The"}], "logprobs": True, "top_logprobs": 2}
+                if api_name == "chat" else {"logprobs": 2, "prompt": "The"})
 
     async def ask():
         api = client.client(spec, 1)
         async with api:
-            return await client.request(api, {**spec, "api": "completions"}, body, "the probe request")
+            return await client.request(api, {**spec, "api": api_name}, body, "the probe request")
 
     answer = asyncio.run(ask())
     choice = answer.body["choices"][0]
     logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
-    tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    if api_name == "chat":  # each step's alternatives, as {"token": ..., "logprob": ...}
+        steps = logprobs.get("content") if isinstance(logprobs, dict) else None
+        tops = [{t.get("token"): t.get("logprob") for t in step.get("top_logprobs") or [] if isinstance(t, dict)}
+                for step in steps if isinstance(step, dict)] if isinstance(steps, list) else None
+    else:
+        tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
     values = [v for top in tops if isinstance(top, dict) for v in top.values()] if isinstance(tops, list) else []
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
         raise client.EndpointError(f"the probe request: {spec['url']} answered top_logprobs that are not finite "
