@@ -115,7 +115,7 @@ def _kind(action) -> str:
     if action.type is cli_args.url:
         return "url"
     if action.type in (cli_args.label, cli_args.dirname, cli_args.served_name, cli_args.duration,
-                       cli_args.cores):  # checked text
+                       cli_args.cores, cli_args.snakemake_options):  # checked text
         return "string"
     assert action.type is None, f"{action.dest}: a type this test does not know: {action.type}"
     return "string"

@@ -532,7 +532,7 @@ def test_audit_refuses_a_tokenizer_that_is_not_the_served_models_before_any_job(
     proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", servers["llama"], "--model", NAME,
                            "--tokenizer", str(other), "--model-name", "tiny-llama"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.returncode == 4, proc.stderr[-2000:]  # a deployment that cannot be measured as asked
     assert (f"does not use the tokenizer of model 'tiny-llama' ({other}): the probe text") in proc.stderr
     assert not (tmp_path / "audit-audit.yaml").exists() and not (tmp_path / "results").exists()
 
@@ -543,7 +543,7 @@ def test_audit_of_a_server_whose_scores_are_no_numbers_ends_in_one_line_before_a
     proxy.script = [("rewrite", _set(["logprobs", "top_logprobs"], lambda v: [{"x": "high"}]))]
     proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", proxy.url, "--model", NAME, "--server",
                            "llama.cpp"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last == (f"tokenflip audit: error: the probe request: {proxy.url} answered top_logprobs that are not "
                     f"finite numbers: \"[{{'x': 'high'}}]\""), last
@@ -709,7 +709,7 @@ def test_the_documented_ci_recipe_runs_from_the_built_wheel_outside_the_checkout
     (shims / "pip").chmod(0o755)
     env = {**os.environ, "PATH": f"{shims}:{site / 'bin'}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
            "PYTHONPATH": str(site), "ENDPOINT_URL": servers["llama_two_threads"], "MODEL": NAME,
-           "ENDPOINT_KEY": SECOND_KEY, "GATE": "0.5", "MAX_TOKENS": "16"}
+           "ENDPOINT_KEY": SECOND_KEY, "GATE": "0.9", "MAX_TOKENS": "16"}
     proc = subprocess.run(["bash", "-c", _ci_recipe()], cwd=job, env=env, capture_output=True, text=True,
                           timeout=1800)
     where = subprocess.run([sys.executable, "-c", "import tokenflip; print(tokenflip.__file__)"], cwd=job, env=env,

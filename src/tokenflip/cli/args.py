@@ -205,6 +205,20 @@ def served_name(text: str) -> str:
     return text
 
 
+def snakemake_options(text: str) -> list[str]:
+    """More Snakemake options given as one string, split as a shell splits it; each an option
+    (a value follows its option), so that no word is taken for a config or a target by accident."""
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not options a shell can split ({exc}): {shown(text, 80)}") from None
+    if words and not words[0].startswith("-"):
+        raise argparse.ArgumentTypeError(f"expected Snakemake options such as '--keep-going', got {shown(text, 80)}")
+    return words
+
+
 def cores(text: str) -> str:
     """Snakemake's --cores: a number of cores, or `all`."""
     if text == "all":

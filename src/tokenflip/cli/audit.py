@@ -253,7 +253,14 @@ def cmd_audit(args) -> None:
     config = study(args, endpoints, reference)
     if most is not None:
         config = with_gate(config, args, most)
-    validate(config, source="audit")
+    checked = validate(config, source="audit")
+    from tokenflip.run.engines.endpoint.server import endpoint_problems
+    from tokenflip.study.plan import expand_cells
+
+    # What the pipeline checks before its first job, here before the study is even run: a
+    # server that cannot serve these prompts as asked is refused in one line, exit 4.
+    if problems := endpoint_problems(checked, expand_cells(checked)):
+        raise unmeasurable("; ".join(problems))
     out = Path(args.out or f"audit-{args.run}.yaml")
     # Through JSON: every list its own (no YAML anchors a newcomer would have to read).
     out.write_text(yaml.safe_dump(json.loads(json.dumps(config)), sort_keys=False))

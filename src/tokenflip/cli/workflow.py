@@ -6,7 +6,6 @@ same Snakefile (`snakefile()`)."""
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -42,14 +41,14 @@ def cmd_run(args) -> None:
     from tokenflip.study.config import read_yaml, validate
 
     validate(read_yaml(args.config), source=str(args.config))
-    extra = [*(["--dry-run"] if args.dry_run else []), *args.snakemake_args]
+    extra = [*(["--dry-run"] if args.dry_run else []), *args.snakemake]
     code = subprocess.call(snakemake_command(args.config, args.cores, args.profile, *extra))
     if code:
         raise SystemExit(code)
 
 
 def add_command(sub) -> None:
-    from tokenflip.cli.args import cores, path_arg
+    from tokenflip.cli.args import cores, path_arg, snakemake_options
 
     p = sub.add_parser("run", help="run a study through Snakemake with the workflow installed with tokenflip, from "
                                    "any directory (results/, reports/ here): what `make run` does in a checkout")
@@ -59,6 +58,6 @@ def add_command(sub) -> None:
                    help="a shipped profile: slurm submits each job to SLURM (edit a copy of it for your cluster: "
                         "`snakemake --profile DIR` with the packaged Snakefile), workstation several GPUs")
     p.add_argument("--dry-run", action="store_true", help="list the jobs that would run and why")
-    p.add_argument("snakemake_args", nargs=argparse.REMAINDER,
-                   help="after `--`, more Snakemake options (--keep-going, --until prepare_model, ...)")
+    p.add_argument("--snakemake", type=snakemake_options, default=[], metavar="OPTIONS",
+                   help="more Snakemake options, as one quoted string ('--keep-going --until prepare_model')")
     p.set_defaults(func=cmd_run)
