@@ -89,6 +89,20 @@ def test_each_round_asks_its_own_question():
     assert outcome_sequence(["x", "y", "z"], {"x", "z"}, ["x", "y"], {"y"}) == [1, -1]
 
 
+def decoding_and_cache_study(**top):
+    """Greedy vs sampling at temperature 1 and cache on vs off, against greedy run again, on 20
+    arithmetic prompts of a tiny random llama in blocks of 10."""
+    s = tiny_study()
+    s["benchmarks"] = {"a": {"kind": "arithmetic", "n": 20, "max_new_tokens": 6}}
+    s["decoding"] = {"greedy": {"strategy": "greedy"}, "hot": {"strategy": "sample", "temperature": 1.0}}
+    s["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "decoding": ["greedy", "hot"]},
+                  {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "repeat": [2]},
+                  {"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1]}]
+    s["comparisons"] = [{"axis": "decoding", "a": "greedy", "b": "hot"}, {"axis": "repeat", "a": "default", "b": 2},
+                        {"axis": "cache", "a": "on", "b": "off"}]
+    return {**s, "probes": {}, "blocks": {"first": 10}, **top}
+
+
 def test_a_round_stops_what_it_decided_and_sends_on_only_the_cells_still_needed(prepared_models, tmp_path):
     """Round 1 of a real study (blocks made by the cell runner on a tiny random llama): greedy
     vs sampling at temperature 1 parts on every one of 10 prompts where greedy run again parts on
@@ -102,16 +116,7 @@ def test_a_round_stops_what_it_decided_and_sends_on_only_the_cells_still_needed(
     from tokenflip.run.cell import run_cell
     from tokenflip.study.plan import cell_job
 
-    s = tiny_study()
-    s["benchmarks"] = {"a": {"kind": "arithmetic", "n": 20, "max_new_tokens": 6}}
-    s["decoding"] = {"greedy": {"strategy": "greedy"}, "hot": {"strategy": "sample", "temperature": 1.0}}
-    s["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "decoding": ["greedy", "hot"]},
-                  {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "repeat": [2]},
-                  {"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1]}]
-    s["comparisons"] = [{"axis": "decoding", "a": "greedy", "b": "hot"}, {"axis": "repeat", "a": "default", "b": 2},
-                        {"axis": "cache", "a": "on", "b": "off"}]
-    s["probes"], s["blocks"], s["rounds"] = {}, {"first": 10}, {}
-    config = cfg.validate(s, check_data=False)
+    config = cfg.validate(decoding_and_cache_study(rounds={}), check_data=False)
     layout = RunLayout(config["run"], root=str(tmp_path))
     cells = expand_cells(config)
     for cell in cells:
@@ -143,17 +148,8 @@ def test_a_time_budget_stops_the_round_its_cells_own_seconds_say_would_pass_it(p
     from tokenflip.run.cell import run_cell
     from tokenflip.study.plan import cell_job
 
-    s = tiny_study()
-    s["benchmarks"] = {"a": {"kind": "arithmetic", "n": 20, "max_new_tokens": 6}}
-    s["decoding"] = {"greedy": {"strategy": "greedy"}, "hot": {"strategy": "sample", "temperature": 1.0}}
-    s["grids"] = [{"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "decoding": ["greedy", "hot"]},
-                  {"precision": ["fp32"], "cache": ["on"], "batch_size": [1], "repeat": [2]},
-                  {"precision": ["fp32"], "cache": ["on", "off"], "batch_size": [1]}]
-    s["comparisons"] = [{"axis": "decoding", "a": "greedy", "b": "hot"}, {"axis": "repeat", "a": "default", "b": 2},
-                        {"axis": "cache", "a": "on", "b": "off"}]
-    s["probes"], s["blocks"] = {}, {"first": 10}
-    roomy = cfg.validate({**s, "rounds": {"budget": "1 min"}}, check_data=False)
-    tight = cfg.validate({**s, "rounds": {"budget": "30 s"}}, check_data=False)
+    roomy = cfg.validate(decoding_and_cache_study(rounds={"budget": "1 min"}), check_data=False)
+    tight = cfg.validate(decoding_and_cache_study(rounds={"budget": "30 s"}), check_data=False)
     layout = RunLayout(roomy["run"], root=str(tmp_path))
     cells = expand_cells(roomy)
     assert len(cells) == 4
