@@ -709,7 +709,7 @@ def test_the_documented_ci_recipe_runs_from_the_built_wheel_outside_the_checkout
     (shims / "pip").chmod(0o755)
     env = {**os.environ, "PATH": f"{shims}:{site / 'bin'}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
            "PYTHONPATH": str(site), "ENDPOINT_URL": servers["llama_two_threads"], "MODEL": NAME,
-           "ENDPOINT_KEY": SECOND_KEY, "GATE": "0.9", "MAX_TOKENS": "16"}
+           "ENDPOINT_KEY": SECOND_KEY, "GATE": "0.9", "PROMPTS": "4", "MAX_TOKENS": "8"}
     proc = subprocess.run(["bash", "-c", _ci_recipe()], cwd=job, env=env, capture_output=True, text=True,
                           timeout=1800)
     where = subprocess.run([sys.executable, "-c", "import tokenflip; print(tokenflip.__file__)"], cwd=job, env=env,

@@ -102,7 +102,7 @@ def documented_commands() -> list[tuple[str, str]]:
 
 # What the documented shell variables stand for, so that their commands parse as a user's would.
 EXAMPLE_VALUES = {"$ENDPOINT_URL": "https://llm.example.com/v1", "$MODEL": "my-model", "${GATE:-0.05}": "0.05",
-                  "${BUDGET:-30 min}": "30 min", "${MAX_TOKENS:-256}": "256"}
+                  "${BUDGET:-30 min}": "30 min", "${MAX_TOKENS:-256}": "256", "${PROMPTS:-320}": "320"}
 
 
 def test_every_documented_command_parses_with_the_command_line():
