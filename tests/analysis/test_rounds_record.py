@@ -177,3 +177,18 @@ def test_a_time_budget_stops_the_round_its_cells_own_seconds_say_would_pass_it(p
                if r["axis"] == "cache")
     assert row["verdict"] == "undecided"
     assert "undecided stopped at the study's time budget (30 s) after 10 prompts" in row["verdict_words"]
+
+
+def test_a_comparison_stopped_at_the_budget_is_replayed_with_its_own_maximum():
+    """Stopped by the budget after round 2 of 16, 32, ... 320 prompts, a comparison is closed
+    there, undecided: the rule still weighs the prompts its maximum would have given (with
+    only 32 to go it would have stopped early, at 16, which no round did)."""
+    from tokenflip.analysis.decision import decide
+
+    outcomes = {"c": [[-1] * 8 + [0] * 24]}
+    looks = {"c": [16, 32, 64, 128, 256, 320]}
+    stopped = decide(outcomes, looks, stops={"c": 2})["c"]
+    assert (stopped.verdict, stopped.look.n, stopped.stopped_early, stopped.open, stopped.maximum) == \
+        (None, 32, False, False, 320)
+    cut = decide(outcomes, {"c": [16, 32]})["c"]
+    assert (cut.look.n, cut.stopped_early) == (16, True)  # what replaying only the rounds it had would say

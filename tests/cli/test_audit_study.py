@@ -134,3 +134,16 @@ def test_an_audit_whose_cell_could_not_be_measured_exits_4_naming_it(tmp_path, m
     assert f"cell {cells[0].id} could not be measured: tokenflip generate: error: endpoint 'a_1'" in said
     assert "0123456789abcdef" not in said and len(said.splitlines()) == len(cells)
     assert f"cell {cells[1].id} could not be measured: its job did not run" in said
+
+
+def test_an_audit_gate_takes_as_many_built_in_prompts_as_its_rounds_may(capsys):
+    from tokenflip.cli.audit_gate import check_budget, with_gate
+    from tokenflip.study.rounds import block_ends
+
+    args = _args(gate=0.05, prompts=None, prompts_file=None, budget="10 min", go_on=False, server=None,
+                 reference="none")
+    most = check_budget(args)
+    endpoints = {"a_1": _endpoint("http://a:1/v1", "vllm")}
+    config = cfg.validate(with_gate(study(args, endpoints, "none"), args, most), source="audit", check_data=False)
+    assert block_ends(config, "arithmetic")[-1] == most and block_ends(config, "arithmetic")[0] == 16
+    assert config["rounds"] == {"max_prompts": most, "budget": "10 min"} and config["gate"] == {"max_divergence": 0.05}

@@ -5,6 +5,8 @@ Each hostile file is refused in one message naming it, quickly and in little mem
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -82,3 +84,21 @@ def test_rounds_maxima_count_against_the_plans_limit_of_prompts():
     with pytest.raises(cfg.ConfigError, match=r"benchmarks: 2,000,000,000 prompts to generate over the cells, more "
                                               r"than limits.max_prompts 1,000,000"):
         cfg.validate(study, source="test", check_data=False)
+
+
+def test_a_nested_column_of_repeated_text_is_refused_within_a_few_rows_of_the_bound(tmp_path):
+    """`messages` as a list of turns cannot be read dictionary-encoded: it is read 16 rows at
+    a time and measured as it goes, so 2,000 rows of one repeated 100 kB turn (200 MB in all)
+    are refused having built a few megabytes, never the whole column."""
+    path = tmp_path / "nested.parquet"
+    turn = {"role": "user", "content": "y" * 100_000}
+    pq.write_table(pa.table({"messages": [[turn]] * 2000}), path, compression="zstd")
+    assert path.stat().st_size < 200_000
+    with pytest.raises(BenchmarkError, match=r"nested\.parquet: its values expand to more than the 67108864"):
+        items(path)
+    # Arrow's peak in a process of its own: reading the whole column would reach 200 MB.
+    script = ("import pyarrow as pa\nfrom tokenflip.run.benchmarks import build_benchmark\n"
+              "try:\n    build_benchmark('m', {'kind': 'prompts', 'order': 'source', 'source': {'path': "
+              f"{str(path)!r}}}}}).items()\nexcept Exception:\n    pass\nprint(pa.default_memory_pool().max_memory())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and int(done.stdout) < 100 * 2**20, done.stdout + done.stderr

@@ -394,7 +394,7 @@ def test_a_server_that_is_down_or_serves_another_model_is_refused_before_any_job
     down = f"http://127.0.0.1:{free_port()}/v1"
     assert "nothing answers at " + down + "/models" in problem("prod", {"url": down, "model": NAME})
     other = problem("prod", {"url": servers["llama"], "model": "llama-70b"})
-    assert f"does not serve model 'llama-70b': {servers['llama']}/models lists ['smollm2']" in other
+    assert f"does not serve model 'llama-70b': {servers['llama']}/models lists 'smollm2'" in other
     study = _config(servers)
     study["endpoints"]["llama"]["url"] = down
     (tmp_path / "config.yaml").write_text(json.dumps(study))

@@ -69,7 +69,7 @@ def test_a_time_budget_is_read_in_seconds_and_stated_by_the_plan(text, seconds):
                                                                    f"judged cells' generate jobs")
 
 
-@pytest.mark.parametrize("text", ["10 minutes", "ten min", "-1 s", "1e3 s", "10"])
+@pytest.mark.parametrize("text", ["10 minutes", "ten min", "-1 s", "1e3 s", "10", "10 min\n"])
 def test_a_budget_in_no_unit_of_time_is_refused(text):
     with pytest.raises(cfg.ConfigError, match=r"rounds.budget"):
         study(40, rounds={"budget": text})

@@ -180,20 +180,19 @@ def paired_outcomes(per_prompt: dict[str, pd.DataFrame]) -> dict[str, tuple[list
 def verdict_rows(config: dict[str, Any], pairs: list[dict], per_prompt: dict[str, pd.DataFrame],
                  planned_pairs: list, budget: dict[str, tuple[int, str]] | None = None) -> list[dict]:
     """The pair rows, each with its one verdict from the decision module at the rounds' looks
-    (`budget`: the comparisons the rounds stopped at the study's time budget, looked at only
-    through the round they stopped in)."""
+    (`budget`: the comparisons the rounds stopped at the study's time budget, each closed in
+    the round it stopped in, its maximum still the benchmark's)."""
     import pandas as pd
 
     from tokenflip.study.rounds import rounds_on
 
     outcomes = paired_outcomes(per_prompt)
     ends = {b: block_ends(config, b) if rounds_on(config) else [None] for b in config["benchmarks"]}
-    budget = budget or {}
     correct = {pid: [(p, bool(a), bool(b)) for p, a, b in zip(df["prompt_id"], df["correct_a"], df["correct_b"])
                      if a is not None and b is not None and not pd.isna(a) and not pd.isna(b)]
                for pid, df in per_prompt.items() if {"correct_a", "correct_b"} <= set(df.columns)}
-    return decision.with_decisions(pairs, outcomes, lambda row: [
-        e or len(outcomes[row["pair_id"]][0])
-        for e in ends[row["benchmark"]][: budget[row["pair_id"]][0] if row["pair_id"] in budget else None]],
-        config["verdict"]["margin"], judged=len(judged_pairs(planned_pairs)), intervals=len(planned_pairs),
-        correct=correct, gate=config.get("gate"), budget={pid: text for pid, (_, text) in budget.items()})
+    return decision.with_decisions(pairs, outcomes, lambda row: [e or len(outcomes[row["pair_id"]][0])
+                                                                 for e in ends[row["benchmark"]]],
+                                   config["verdict"]["margin"], judged=len(judged_pairs(planned_pairs)),
+                                   intervals=len(planned_pairs), correct=correct, gate=config.get("gate"),
+                                   budget=budget)

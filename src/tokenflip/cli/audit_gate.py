@@ -68,7 +68,8 @@ def check_budget(args) -> int:
           f"{intervals} intervals at once); this audit takes at most {most} a comparison"
           + (f" and {args.budget} of its cells' jobs" if args.budget else ""), file=sys.stderr)
     if (need is None or most < need) and not args.go_on:
-        raise ConfigError(f"--prompts {most} cannot decide the gate at {args.gate:g}: even a deployment that never "
+        given = f"--prompts {most}" if args.prompts else f"{args.prompts_file}'s {most} records"
+        raise ConfigError(f"{given} cannot decide the gate at {args.gate:g}: even a deployment that never "
                           f"parts needs {need or 'more than 100,000'} prompts to be shown within it; give --prompts "
                           f"{need or 100000} or more, a larger --gate, or --go-on to run it anyway")
     return most
@@ -78,7 +79,11 @@ def with_gate(config: dict[str, Any], args, most: int) -> dict[str, Any]:
     """The audit's study deciding in rounds up to `most` prompts (and `--budget`) until the gate
     at `--gate` is decided for every comparison."""
     rounds = {"max_prompts": most, **({"budget": args.budget} if args.budget else {})}
-    return {**config, "blocks": {"first": min(FIRST_BLOCK, most)}, "rounds": rounds,
+    # The built-in prompts are made to order: as many as the rounds may take (a benchmark's n
+    # caps its rounds too); a prompts file has what it has.
+    benchmarks = {name: {**spec, "n": most} if spec["kind"] != "prompts" else spec
+                  for name, spec in config["benchmarks"].items()}
+    return {**config, "benchmarks": benchmarks, "blocks": {"first": min(FIRST_BLOCK, most)}, "rounds": rounds,
             "gate": {"max_divergence": args.gate}}
 
 

@@ -370,11 +370,18 @@ def main(argv: list[str] | None = None) -> int:
         # An audit is a CI step: its own refusals are usage errors (2), a deployment it cannot
         # measure 4 (docs/endpoints.md), never the gate's "fail" (1).
         return getattr(exc, "exit_code", None) or (
-            (2 if isinstance(exc, (ConfigError, InputError)) else 4) if args.command == "audit" else 1)
+            (2 if isinstance(exc, (ConfigError, InputError, BenchmarkError)) else 4) if args.command == "audit" else 1)
     except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback
         where = f"{shown(exc.filename)}: " if exc.filename is not None else ""
         print(f"tokenflip {args.command}: error: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
         return 4 if args.command == "audit" else 1
+    except Exception:  # noqa: BLE001 - a defect: its traceback, and for a CI step "not measured", never "fail"
+        if args.command != "audit":
+            raise
+        import traceback
+
+        traceback.print_exc()
+        return 4
     return 0
 
 

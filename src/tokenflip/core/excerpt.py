@@ -24,12 +24,19 @@ _SECRETS: set[str] = set()
 # Credential shapes, each with the group that is the secret: what a log must never keep even
 # where no key was given to this process (a credentials file read as data, an environment).
 _CREDENTIAL_SHAPES = [
-    # NAME=value or "name": "value" where the name says key, token, secret, password or auth
-    # (not NAME_ENV, which names the variable that holds one).
-    (re.compile(r"(?i)[A-Z0-9_.-]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PWD|AUTH|CREDENTIAL|SESSION)[A-Z0-9_.-]*"
-                r"(?<![-_]env)[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?([^\s\"',;&]+)"), 1, "opaque"),
-    # An Authorization header's value.
+    # NAME=value or "name": "value" where the name says key, token, auth or session: a value
+    # that could be a key (not NAME_ENV, which names the variable that holds one). Each name is
+    # read from its start only, and bounded: a long run of letters is read once, not once a letter.
+    (re.compile(r"(?i)(?<![A-Z0-9_.-])[A-Z0-9_.-]{0,64}(?:KEY|TOKEN|AUTH|SESSION)[A-Z0-9_.-]{0,64}"
+                r"(?<![-_]env)[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token)\s+)?([^\s\"',;&]+)"), 1, "opaque"),
+    # ... where it says secret, password or credential: any value.
+    (re.compile(r"(?i)(?<![A-Z0-9_.-])[A-Z0-9_.-]{0,64}(?:SECRET|PASSWORD|PASSWD|PWD|CREDENTIAL)[A-Z0-9_.-]{0,64}"
+                r"[\"']?\s*[:=]\s*[\"']?([^\s\"',;&]{4,})"), 1),
+    # A netrc's `password VALUE`.
+    (re.compile(r"(?i)\b(?:password|passwd)\s+(?![(])([^\s\"',;&]{6,})"), 1),
+    # An Authorization header's value (the Token scheme: a long value only, not prose's "token ids").
     (re.compile(r"(?i)\b(?:bearer|basic)\s+([A-Za-z0-9._~+/=-]+)"), 1),
+    (re.compile(r"(?i)\btoken\s+([A-Za-z0-9._~+/=-]{16,})"), 1),
     # user:password@ in a URL.
     (re.compile(r"://([^/@\s]+)@"), 1),
     # Any NAME=value of an environment (/proc/self/environ, a .env file): the value goes.
@@ -71,8 +78,9 @@ def _opaque(value: str) -> bool:
 
 def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
     """`value` quoted for a message: redacted, cut to `limit` characters (its length said
-    where it was longer), control characters escaped by `repr`."""
-    text = redacted(str(value))
+    where it was longer), control characters escaped by `repr`. Only its start is read (four
+    times what is shown, so that a secret running past the cut is still seen whole there)."""
+    text = redacted(str(value)[: 4 * limit])
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}… ({len(str(value)):,} characters)"

@@ -123,7 +123,7 @@ class ServedTokenizer:
             added = self.info.get("added_ids") or []
             if not add_special_tokens and added and ids[: len(added)] == added:  # a route that always adds them
                 ids = ids[len(added):]
-            own = ids[len(added):] if added and ids[: len(added)] == added else ids
+            own = ids[len(added):] if add_special_tokens and added and ids[: len(added)] == added else ids
             if self.info.get("probe_sha256") and text.strip() and not self._round_trips(text, own):
                 raise ServedTokenizerError(f"{route}: its ids of the text {excerpt(text)} do not decode back to it "
                                            f"({self.root + (self.family.detokenize or '')} answered "
@@ -137,7 +137,8 @@ class ServedTokenizer:
         (which a detokenize route renders as nothing), piece by piece: the runs of ids between
         them spell the text between them, in order, and what the special tokens stand for is
         short chunks without spaces (`<|im_end|>`), never words, nor text before or after."""
-        if self.decode(ids).strip() == text.strip():
+        decoded = self.decode(ids).strip()
+        if decoded == text.strip() or decoded == _cleaned(text).strip():
             return True
         invisible = [self.decode([i]) == "" for i in ids]
         if not any(invisible):
@@ -219,7 +220,8 @@ class ServedTokenizer:
         else:
             raise ServedTokenizerError(f"{self.root} renders no chat prompt for a client ({self.family.name}'s "
                                        f"routes): send chat prompts with `api: chat`")
-        missing = next((turn for turn in messages if text is not None and turn["content"].strip() not in text), None)
+        missing = next((turn for turn in messages if text is not None and turn["content"].strip() not in text
+                        and _cleaned(turn["content"]).strip() not in text), None)
         if missing is not None:
             raise ServedTokenizerError(f"{route}: the chat prompt it rendered does not hold the {missing['role']}'s "
                                        f"turn {excerpt(missing['content'])}: the prompt is refused")
@@ -264,6 +266,15 @@ class ServedTokenizer:
 
         saved = json.loads((Path(directory) / FILE).read_text())
         return cls(saved["spec"], saved["info"])
+
+
+def _cleaned(text: str) -> str:
+    """`text` as a detokenizer that cleans up tokenization spaces writes it back (" ?" as "?",
+    " 's" as "'s": transformers' own `clean_up_tokenization`, which vLLM's /detokenize applies
+    for tokenizers that ask for it)."""
+    from transformers import PreTrainedTokenizerBase
+
+    return PreTrainedTokenizerBase.clean_up_tokenization(None, text)  # a method that reads no state
 
 
 def connect(spec: dict[str, Any], eos_token: str | None = None) -> ServedTokenizer:
@@ -344,7 +355,8 @@ def _model_list(tokenizer: ServedTokenizer) -> tuple[int | None, int | None]:
     except Exception:  # noqa: BLE001 - no model list: neither is known (ids stay bounded by 2^31 and the round trip)
         return None, None
     length = next((m.get("max_model_len") for m in mine if m.get("id") == tokenizer.spec["model"]), None)
-    vocabulary = next((m["meta"].get("n_vocab") for m in mine if isinstance(m.get("meta"), dict)), None)
+    served = [m for m in mine if m.get("id") == tokenizer.spec["model"]] or (mine if len(mine) == 1 else [])
+    vocabulary = next((m["meta"].get("n_vocab") for m in served if isinstance(m.get("meta"), dict)), None)
     return bounded(length), bounded(vocabulary)
 
 

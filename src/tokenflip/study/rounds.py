@@ -18,6 +18,7 @@ up to `rounds.max_prompts` or the benchmark's n.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterator
 
 from tokenflip.core.specs import Cell
@@ -58,8 +59,10 @@ def budget_seconds(config: dict[str, Any]) -> float | None:
     text = (config.get("rounds") or {}).get("budget")
     if not text:
         return None
-    number, unit = text[: len(text.rstrip("minhs"))].strip(), text[len(text.rstrip("minhs")):]
-    return float(number) * UNIT_SECONDS[unit]
+    found = re.fullmatch(BUDGET_PATTERN.strip("^$"), text)  # JSON Schema's `$` also takes a final newline
+    if found is None:
+        raise ValueError(f"rounds.budget: {text!r} is no time such as '10 min', '90 s' or '2 h'")
+    return float(text[: found.start(2)]) * UNIT_SECONDS[found.group(2)]
 
 
 def max_prompts(config: dict[str, Any], benchmark: str) -> int | None:
@@ -99,6 +102,9 @@ def problems(config: dict[str, Any]) -> Iterator[str]:
             yield (f"blocks.first: {first} prompts is not a multiple of batch size {uneven[0]}: a block would cut "
                    f"a batch, whose prompts are then decoded with others than in a cell made at once (use "
                    f"{math.lcm(first, *uneven)})")
+    budget = (config.get("rounds") or {}).get("budget")
+    if isinstance(budget, str) and not re.fullmatch(BUDGET_PATTERN.strip("^$"), budget):
+        yield f"rounds.budget: {budget!r} is no time such as '10 min', '90 s' or '2 h'"
     if rounds_on(config):
         for name in config["benchmarks"]:
             if max_prompts(config, name) is None:

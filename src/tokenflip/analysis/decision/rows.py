@@ -78,14 +78,15 @@ def verdict_words(decision: Decision, parted: int, margin: float, needed: int | 
 def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], looks_of, margin: float = MARGIN,
                    alpha: float = ALPHA, judged: int | None = None, intervals: int | None = None,
                    correct: dict[str, list[tuple[str, bool, bool]]] | None = None,
-                   gate: dict | None = None, budget: dict[str, str] | None = None) -> list[dict]:
+                   gate: dict | None = None, budget: dict[str, tuple[int, str]] | None = None) -> list[dict]:
     """The summary's pair rows, each with its one verdict. `outcomes`: each pair's prompts in
     drawn order and those that parted; `looks_of(row)`: the prompts its benchmark has at each
     round (`[n]` without rounds); `judged` and `intervals`: the study's families (its planned
     judged comparisons and its planned pairs); `correct`: per pair, (prompt, a right, b right)
     for the scored prompts, for the accuracy rule; `gate`: the study's declared gate (its
     comparisons go on after their verdict until the gate is decided, as the rounds did);
-    `budget`: the comparisons the rounds stopped at the study's time budget, with that budget."""
+    `budget`: the comparisons the rounds stopped at the study's time budget, each with the round
+    and the budget ("10 min")."""
     floors = repeat_floors(rows)
     comparisons, looks, floor_rows = {}, {}, {}
     for row in rows:
@@ -104,7 +105,9 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
     gates = {pid: bound for pid in comparisons if (bound := gated(gate, *names[pid])) is not None}
     judged = max(judged or 0, len(comparisons))
     intervals = max(intervals or 0, len(rows), judged)
-    decisions = decide(comparisons, looks, margin, alpha, intervals, gates)
+    budget = budget or {}
+    decisions = decide(comparisons, looks, margin, alpha, intervals, gates,
+                       stops={pid: number for pid, (number, _) in budget.items()})
     drops = accuracy_drops({pid: _accuracy_counts(scored, decisions[pid].look.n if pid in decisions else None,
                                                    outcomes[pid][0])
                             for pid, scored in (correct or {}).items() if scored}, alpha)
@@ -126,7 +129,7 @@ def with_decisions(rows: list[dict], outcomes: dict[str, tuple[list, set]], look
             needed = None if d.verdict else _needed(d.look, margin, intervals, judged)
             parted_then = sum(p in outcomes[pid][1] for p in outcomes[pid][0][: d.look.n])  # at its last look
             row.update(verdict=d.verdict or "undecided", verdict_words=verdict_words(d, parted_then, margin, needed,
-                                                                               (budget or {}).get(pid)),
+                                                                               budget.get(pid, (0, None))[1]),
                        floor_rate=(int(floor["n_diverged"]) / int(floor["n_prompts"])) if floor else None,
                        excess=(u - w) / max(1, d.look.n), interval_low=d.look.low, interval_high=d.look.high,
                        interval_of="excess",

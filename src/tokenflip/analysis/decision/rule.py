@@ -157,7 +157,8 @@ def could_decide(look: Look, remaining: int, margin: float, intervals: int, judg
 
 def decide(comparisons: dict[str, list], looks: dict[str, list[int]], margin: float = MARGIN,
            alpha: float = ALPHA, intervals: int | None = None,
-           gates: dict[str, float] | None = None, through: int | None = None) -> dict[str, Decision]:
+           gates: dict[str, float] | None = None, through: int | None = None,
+           stops: dict[str, int] | None = None) -> dict[str, Decision]:
     """Every judged comparison's decision, round by round: `comparisons` gives each one's paired
     outcomes against each floor, in the benchmark's drawn order; `looks` the prompts it has at
     each round (its benchmark's block ends; one look: a study without rounds); `gates` the bound
@@ -167,7 +168,8 @@ def decide(comparisons: dict[str, list], looks: dict[str, list[int]], margin: fl
     continuation could decide it, or goes on, and a gated one goes on after its verdict until
     its interval lies above the bound or at most it. The last round's e-BH is the study's: it
     rejects every comparison an earlier round declared, and perhaps more. `through`: stop after
-    that round (a study in progress: its later rounds have no prompts yet)."""
+    that round (a study in progress: its later rounds have no prompts yet). `stops`: the round
+    each comparison was stopped in from outside the rule (the study's time budget): its last."""
     judged = len(comparisons)
     intervals = judged if intervals is None else intervals
     gates = gates or {}
@@ -199,7 +201,8 @@ def decide(comparisons: dict[str, list], looks: dict[str, list[int]], margin: fl
                 declared[key] = look.e_changes
             elif verdict is None and look.within(margin):
                 verdict, rnd, taken = "within noise", number, look.n
-            last = number >= len(mine) or look.n < mine[number - 1]  # the maximum, or the data ran out
+            # the maximum, the data ran out, or the study's budget stopped it here
+            last = number >= len(mine) or look.n < mine[number - 1] or (stops or {}).get(key) == number
             bound = gates.get(key)
             gate_open = bound is not None and not (look.low > bound or look.high <= bound)
             common = dict(rounds=len(mine), maximum=mine[-1], gate=bound)

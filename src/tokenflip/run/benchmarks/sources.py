@@ -176,18 +176,19 @@ def _read_parquet(path: Path, label: str, most: int) -> list[dict]:
         raise _too_large(label, size)
     texts = [f.name for f in file.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
              or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
-    table = pq.read_table(io.BytesIO(raw), read_dictionary=texts)
-    expanded = 0
-    for column in table.columns:
-        for chunk in column.chunks:
-            if pa.types.is_dictionary(chunk.type):
-                expanded += pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0
-            else:
-                expanded += chunk.nbytes
-            if expanded > MAX_DATA_BYTES:
-                raise BenchmarkError(f"{label}: its values expand to more than the {MAX_DATA_BYTES} (64 MiB) bytes a "
-                                     f"benchmark data file may hold (a few values repeated over many rows)")
-    return table.to_pylist()
+    # A few rows at a time, each batch measured as it is read: a nested column (a `messages`
+    # list) cannot be read dictionary-encoded, so it is never decoded more than a batch past
+    # the bound.
+    batches, expanded = [], 0
+    for batch in pq.ParquetFile(io.BytesIO(raw), read_dictionary=texts).iter_batches(batch_size=16):
+        for column in batch.columns:
+            expanded += (pc.sum(pc.take(pc.binary_length(column.dictionary), column.indices)).as_py() or 0
+                         if pa.types.is_dictionary(column.type) else column.nbytes)
+        if expanded > MAX_DATA_BYTES:
+            raise BenchmarkError(f"{label}: its values expand to more than the {MAX_DATA_BYTES} (64 MiB) bytes a "
+                                 f"benchmark data file may hold (a few values repeated over many rows)")
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=batches[0].schema).to_pylist() if batches else []
 
 
 def _read_file(where: str, path: Path, label: str, most: int) -> list[tuple[str, Any]]:

@@ -15,7 +15,10 @@ onstart:
     _problems += endpoint_problems(config, [c for c in CELLS if not os.path.exists(LAYOUT.cell(c.id))],
                                    LAYOUT.model_dir)
     if _problems:
-        raise SystemExit("tokenflip: models or endpoints that cannot be reached from here:\n  " + "\n  ".join(_problems))
+        from tokenflip.core.excerpt import redacted
+
+        raise SystemExit(redacted("tokenflip: models or endpoints that cannot be reached from here:\n  "
+                                  + "\n  ".join(_problems)))
 
 
 rule prepare_model:

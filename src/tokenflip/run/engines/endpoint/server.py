@@ -29,13 +29,13 @@ def served_models(spec: dict[str, Any], timeout: float = 10.0) -> tuple[list[dic
     try:  # within core.bounded_http's bounds: a listing is small
         status, answer, text = fetch_json("GET", url, headers=headers, timeout=timeout)
     except Exception as exc:  # any transport failure, or more than a model list can be: nothing answered
-        return None, f"nothing answers at {url} ({type(exc).__name__}: {exc})"
+        return None, f"nothing answers at {url} ({type(exc).__name__}: {excerpt(exc, 200)})"
     if status != 200:
         return None, f"{url} answered {status}: {excerpt(text, 200)}"
     data = answer.get("data") if isinstance(answer, dict) else None
     if not (isinstance(data, list) and all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data)):
         return None, f"{url} answered 200 with no model list: {excerpt(text, 200)}"
-    return [bounded(m) for m in data], f"{url} lists {[m['id'][:200] for m in data][:50]}"
+    return [bounded(m) for m in data], f"{url} lists {', '.join(excerpt(m['id'], 80) for m in data[:50])}"
 
 
 # The longest string of a server's self-description kept.
