@@ -382,8 +382,8 @@ def test_a_model_list_past_its_bounds_is_nothing_answering_before_any_job(server
     spec = {"url": proxy.url, "model": NAME, "server": "llama.cpp"}
     proxy.on = {"/v1/models": ("gzip", 200 << 20)}
     assert problem("faulty", spec) == (f"endpoint 'faulty' ({proxy.url}): nothing answers at {proxy.url}/models "
-                                       f"(BoundedHTTPError: {proxy.url}/models answered more than 4,194,304 bytes: "
-                                       f"cut off)")
+                                       f"(BoundedHTTPError: '{proxy.url}/models answered more than 4,194,304 bytes: "
+                                       f"cut off')")
     proxy.on = {"/v1/models": ("redirect", "http://127.0.0.1:9/v1/models")}
     assert "answered 307, a redirect to 'http://127.0.0.1:9/v1/models': not followed" in problem("faulty", spec)
 
@@ -584,7 +584,7 @@ def test_tokenflip_audit_of_a_teams_chat_traffic_on_two_llama_cpp_deployments(se
     assert short.returncode == 2 and "--gate 0.5: at least 12 prompts to show ≤ 50% above the noise floor on a " \
         "deployment that never parts (5 comparisons judged, 7 intervals at once); this audit takes at most 4 a " \
         "comparison" in short.stderr, short.stderr
-    assert "--prompts 4 cannot decide the gate at 0.5" in short.stderr and not (tmp_path / "results").exists()
+    assert f"{prompts}'s 4 records cannot decide the gate at 0.5" in short.stderr and not (tmp_path / "results").exists()
     proc = subprocess.run([*keyed, "--go-on"], cwd=tmp_path, capture_output=True, text=True, timeout=1800, env=env)
     # Undecided at four prompts: inconclusive (3), as the gate says of the run's own summary.
     assert proc.returncode == 3, proc.stderr[-3000:]
