@@ -48,6 +48,7 @@ def cmd_prepare_model(args) -> None:
 
 def cmd_generate(args) -> None:
     from tokenflip.core.specs import CellJob
+
     from tokenflip.run.cell import run_cell
 
     meta = run_cell(CellJob.from_json(args.job), args.model_dir, args.out, progress=not args.quiet)
@@ -346,6 +347,28 @@ def main(argv: list[str] | None = None) -> int:
         from tokenflip.core.scheduler import watch_scheduler
 
         watch_scheduler()
+    if args.command == "generate" and (status := hand_over_generate(args)) is not None:
+        return status
+    return run_command(args)
+
+
+def hand_over_generate(args) -> int | None:
+    """A generation job run by a warm process that holds its load (`run.shared_loads`): its
+    exit status, or None to run it here (sharing off, a load not shared, or a job whose input
+    this process refuses, with its one-line error). Nothing heavy is imported on the way."""
+    from tokenflip.core.specs import CellJob
+    from tokenflip.run.shared_loads import hand_over
+
+    try:
+        check_paths(args)
+        job = CellJob.from_json(args.job)
+    except Exception:  # noqa: BLE001 - run_command refuses it, in one line
+        return None
+    return hand_over(job, json.dumps(args.job), args.model_dir, args.out, args.quiet)
+
+
+def run_command(args) -> int:
+    """The command `args` names, its refusals as one line and an exit status."""
     from tokenflip.analysis.compare import ComparabilityError
     from tokenflip.analysis.summary import ResultError
     from tokenflip.core.specs import JobSpecError

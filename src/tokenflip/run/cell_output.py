@@ -113,14 +113,19 @@ def write_cell(job: CellJob, bench: Benchmark, rows: list[dict], eos: list[int],
     return storage.write_cell_file(table, out_path, metadata)
 
 
+# The job's own process where another one runs it (a warm process holding its load,
+# `run.shared_loads`): the job's seconds are counted from that process's start.
+JOB_PROCESS: int | None = None
+
+
 def process_seconds() -> float:
-    """Wall seconds since this process started, its interpreter's start and model load included
-    (what a job of this cell cost; a round's time budget adds them up), from the kernel's
-    record of the process; since this module was imported where there is none."""
+    """Wall seconds since the job's process started, its interpreter's start and model load
+    included (what a job of this cell cost; a round's time budget adds them up), from the
+    kernel's record of the process; since this module was imported where there is none."""
     import os
 
     try:
-        with open("/proc/self/stat") as fh:
+        with open(f"/proc/{JOB_PROCESS or 'self'}/stat") as fh:
             started = int(fh.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
         with open("/proc/uptime") as fh:
             return max(0.0, float(fh.read().split()[0]) - started)

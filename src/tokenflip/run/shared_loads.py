@@ -1,0 +1,325 @@
+"""One model load for every generation job that shares it.
+
+A generation job's own work is its prompts; starting an interpreter, importing torch and
+transformers, loading and verifying the weights cost a small model's job more than its
+prompts do, and a study in rounds runs a job per block. So a transformers job hands itself
+to a warm process that already holds its load, and exits with that job's status:
+
+- A load is what a job's model depends on: the prepared model (its manifest's digest), the
+  precision it computes in, the device, the attention implementation, the deterministic
+  setting, the interpreter and tokenflip's own source, and the environment that steers its
+  kernels (threads, CUDA, tokenflip's scheduler). Jobs whose load is not reusable
+  (interventions that rewire the model, compiled steps, other engines) run in their own
+  process as before.
+- Each warm process serves one job at a time, through a slot the job holds (a file lock):
+  jobs that run side by side get a process each, as they would without sharing, and a job
+  never waits for another. A new load sends idle processes of other loads away, so memory
+  holds no more models than jobs run at once; an idle process leaves after `IDLE_SECONDS`,
+  or at once when the scheduler that started it is gone.
+- The job hands over its stdout and stderr (the job's log) and its process id: the warm
+  process writes its log lines there, records the job's seconds from the job's own process,
+  and stops at once, writing nothing, if the job ends before it answers (Snakemake killed it).
+
+A job's result is the same whether its load was warm or fresh (the suite checks token ids and
+logits, bit for bit). `TOKENFLIP_SHARE_LOADS=0` turns sharing off; under SLURM each job is a
+cluster job of its own and loads its model itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["hand_over", "load_key", "serve", "IDLE_SECONDS", "SHARE_VARIABLE"]
+
+SHARE_VARIABLE = "TOKENFLIP_SHARE_LOADS"
+# Long enough to span a round's checkpoint and joins, short enough not to hold memory after a run.
+IDLE_SECONDS = 60.0
+# How long a job waits for a warm process it started to listen (it imports nothing heavy first).
+START_SECONDS = 30.0
+# The most warm processes of one load (one per job running at once).
+MAX_SLOTS = 64
+# The environment that steers what a load computes or where it runs.
+_STEERING = ("OMP_", "MKL_", "OPENBLAS_", "CUDA_", "PYTORCH_", "TORCH_", "HF_", "TRANSFORMERS_", "TOKENFLIP_",
+             "ONEDNN_", "DNNL_", "KMP_", "GOMP_", "LD_PRELOAD", "CUBLAS_", "NVIDIA_")
+
+
+def enabled() -> bool:
+    """Sharing is on unless turned off, and never inside a cluster job (its process goes with it)."""
+    return os.environ.get(SHARE_VARIABLE, "1") != "0" and not os.environ.get("SLURM_JOB_ID")
+
+
+def runtime_dir() -> Path | None:
+    """This user's private folder of warm processes' sockets and slot locks (None where it
+    cannot be private: another user's, or open to others)."""
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"tokenflip-loads-{os.getuid()}"
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+        info = base.lstat()
+    except OSError:
+        return None
+    if base.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None
+    return base
+
+
+def _source_identity() -> str:
+    """tokenflip's own source as this interpreter would import it (a changed file: another load)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(f"{sys.executable}\0{root}".encode())
+    for path in sorted(root.rglob("*.py")):
+        info = path.stat()
+        digest.update(f"{path}\0{info.st_mtime_ns}\0{info.st_size}\0".encode())
+    return digest.hexdigest()
+
+
+def load_key(job, model_dir: str | Path) -> str | None:
+    """The digest of what `job`'s loaded model depends on, or None when its load cannot be
+    shared (another engine, an intervention that rewires the model, a compiled decode step)."""
+    from tokenflip.run.engines.transformers_loop import TRANSFORMERS
+
+    cell = job.cell
+    if cell.engine != TRANSFORMERS or job.intervention.get("kind", "none") != "none" or cell.compile != "off":
+        return None
+    model_dir = Path(model_dir).resolve()
+    try:  # the manifest (its weights' digest) and every file as it is now: an edited file, another load
+        manifest = hashlib.sha256((model_dir / "model.json").read_bytes()).hexdigest()
+        files = sorted(f"{p.relative_to(model_dir)}:{p.stat().st_mtime_ns}:{p.stat().st_size}"
+                       for p in model_dir.rglob("*") if p.is_file())
+    except OSError:
+        return None
+    steering = sorted((k, v) for k, v in os.environ.items() if k.startswith(_STEERING) and k != SHARE_VARIABLE)
+    parts = [_source_identity(), str(model_dir), manifest, *files, cell.precision, str(job.device), cell.attention,
+             cell.deterministic, json.dumps(steering)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def hand_over(job, job_json: str, model_dir: str | Path, out: str | Path, quiet: bool) -> int | None:
+    """Run `job` in a warm process holding its load; its exit status (None: run it here, as
+    sharing is off or the job's load is not shareable)."""
+    if not enabled() or (base := runtime_dir()) is None or (key := load_key(job, model_dir)) is None:
+        return None
+    slot = _take_slot(base, key)
+    if slot is None:
+        return None
+    number, lock = slot
+    try:
+        address = str(base / f"{key}.{number}.sock")
+        connection = _connect(address)
+        if connection is None:
+            _dismiss_idle(base, key)
+            _start(address)
+            connection = _connect(address, wait=START_SECONDS)
+        if connection is None:
+            print("tokenflip generate: no warm process answered; loading the model in this job", file=sys.stderr)
+            return None
+        request = {"job": job_json, "model_dir": str(Path(model_dir).resolve()), "out": str(Path(out).absolute()),
+                   "quiet": quiet, "cwd": os.getcwd(), "umask": _umask(), "pid": os.getpid()}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with connection:
+            socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [1, 2])
+            answer = _read_line(connection)
+        if answer is None:
+            print(f"tokenflip generate: the warm process holding this job's load ended without an answer "
+                  f"(killed, or out of memory); nothing was written", file=sys.stderr)
+            return 1
+        return int(json.loads(answer)["status"])
+    finally:
+        lock.close()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _take_slot(base: Path, key: str):
+    """The first free slot of `key`, held (its lock file open and locked) until the job ends."""
+    for number in range(MAX_SLOTS):
+        lock = open(base / f"{key}.{number}.lock", "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        return number, lock
+    return None
+
+
+def _connect(address: str, wait: float = 0.0) -> socket.socket | None:
+    deadline = time.monotonic() + wait
+    while True:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(address)
+            return connection
+        except OSError:
+            connection.close()
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+
+def _start(address: str) -> None:
+    """A warm process for the slot at `address`, in a session of its own (it outlives this job)."""
+    subprocess.Popen([sys.executable, "-m", "tokenflip.run.shared_loads", address], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     close_fds=True)
+
+
+def _dismiss_idle(base: Path, key: str) -> None:
+    """Send away the idle warm processes of other loads (their slot free): a new load does not
+    sit in memory beside models no job is using."""
+    for path in base.glob("*.lock"):
+        if path.name.startswith(key + "."):
+            continue
+        with open(path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # in use by a job
+            address = path.with_suffix(".sock")
+            connection = _connect(str(address))
+            if connection is not None:
+                with connection:
+                    connection.settimeout(10.0)
+                    try:  # the process answers by exiting, the connection still open: its memory is free then
+                        connection.sendall(b'{"leave": true}\n')
+                        connection.recv(1)
+                    except OSError:
+                        pass
+
+
+def _read_line(connection: socket.socket) -> bytes | None:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = connection.recv(4096)
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+# --- The warm process -----------------------------------------------------------------------
+
+def serve(address: str) -> None:
+    """Listen at `address` and run the jobs handed over, one at a time, with their load kept;
+    leave when idle for `IDLE_SECONDS`, when told to, or when the scheduler is gone."""
+    from tokenflip.core.scheduler import scheduler_gone
+    from tokenflip.models.prepare import keep_loads
+
+    keep_loads()
+    if os.path.exists(address):
+        os.unlink(address)  # a socket left by a process that was killed: this slot is ours (its lock held)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(4)
+    listener.settimeout(1.0)
+    idle_since = time.monotonic()
+    try:
+        while time.monotonic() - idle_since < IDLE_SECONDS and not scheduler_gone():
+            try:
+                connection, _ = listener.accept()
+            except socket.timeout:
+                continue
+            with connection:
+                if not _serve_one(connection):  # told to leave: gone before the one who asked reads on
+                    os.unlink(address)
+                    os._exit(0)
+            idle_since = time.monotonic()
+    finally:
+        listener.close()
+        try:
+            os.unlink(address)
+        except OSError:
+            pass
+
+
+def _serve_one(connection: socket.socket) -> bool:
+    """One request: a job (run it; True) or a request to leave (False)."""
+    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
+    while not message.endswith(b"\n") and message:
+        more = connection.recv(1 << 20)
+        if not more:
+            break
+        message += more
+    request = json.loads(message or b"{}")
+    if request.get("leave") or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return not request.get("leave")
+    status = _run_job(request, fds, connection)
+    connection.sendall(json.dumps({"status": status}).encode() + b"\n")
+    return True
+
+
+_JOBS_RUN = 0
+
+
+def _run_job(request: dict[str, Any], fds: list[int], connection: socket.socket) -> int:
+    """The job, with its log as this process's stdout and stderr, in its folder and umask."""
+    from tokenflip.run import cell_output
+
+    saved = [os.dup(1), os.dup(2)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    global _JOBS_RUN
+    _JOBS_RUN += 1
+    print(f"tokenflip generate: this job runs in a warm process (pid {os.getpid()}) that holds its load: its job "
+          f"{_JOBS_RUN} (TOKENFLIP_SHARE_LOADS=0: every job loads its own)", file=sys.stderr, flush=True)
+    finished = threading.Event()
+    threading.Thread(target=_leave_if_job_ends, args=(connection, finished), daemon=True).start()
+    try:
+        os.chdir(request["cwd"])
+        os.umask(int(request["umask"]))
+        cell_output.JOB_PROCESS = int(request["pid"])
+        from tokenflip.cli.main import build_parser, run_command
+
+        argv = ["generate", "--job", request["job"], "--model-dir", request["model_dir"], "--out", request["out"]]
+        try:
+            return run_command(build_parser().parse_args([*argv, *(["--quiet"] if request.get("quiet") else [])]))
+        except SystemExit as exc:  # argparse's usage errors
+            return exc.code if isinstance(exc.code, int) else 2
+        except BaseException:  # noqa: BLE001 - a defect: its traceback in the job's log, as a fresh job would
+            import traceback
+
+            traceback.print_exc()
+            return 1
+    finally:
+        finished.set()
+        cell_output.JOB_PROCESS = None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, *fds):
+            os.close(fd)
+
+
+def _leave_if_job_ends(connection: socket.socket, finished: threading.Event) -> None:
+    """The job's process ended before its answer (Snakemake killed it): leave at once, so that
+    nothing is written for a job that no longer exists."""
+    try:
+        connection.recv(1, socket.MSG_PEEK)
+    except OSError:
+        pass
+    if not finished.is_set():
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
