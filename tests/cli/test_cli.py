@@ -251,3 +251,15 @@ def test_every_option_of_every_command_refuses_hostile_values_without_a_tracebac
         if problem:
             failures.append(f"{name} {option} {value[:30]!r}…{value[-30:]!r}: {problem}\n    {stderr.strip()[-600:]}")
     assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:40])
+
+
+def test_snakemake_options_that_start_with_a_dash_are_the_value_of_snakemake():
+    """`tokenflip run C --snakemake "-p --keep-going"`: argparse alone takes "-p …" for an option."""
+    from tokenflip.cli.args import attached_values
+    from tokenflip.cli.main import build_parser
+
+    argv = ["run", "study.yaml", "--snakemake", "-p --keep-going", "--dry-run"]
+    assert attached_values(argv) == ["run", "study.yaml", "--snakemake=-p --keep-going", "--dry-run"]
+    args = build_parser().parse_args(attached_values(argv))
+    assert args.snakemake == ["-p", "--keep-going"] and args.dry_run
+    assert attached_values(["run", "c.yaml", "--snakemake"]) == ["run", "c.yaml", "--snakemake"]

@@ -205,6 +205,23 @@ def served_name(text: str) -> str:
     return text
 
 
+# Options whose value is itself options ("-p --keep-going"): argparse would take the value for
+# an option of its own; `attached_values` writes them as --option=VALUE first.
+OPTION_VALUED = ("--snakemake",)
+
+
+def attached_values(argv: list[str]) -> list[str]:
+    """`argv` with each value of an `OPTION_VALUED` option attached to it."""
+    out, words = [], iter(argv)
+    for word in words:
+        if word in OPTION_VALUED:
+            value = next(words, None)
+            out.append(word if value is None else f"{word}={value}")
+        else:
+            out.append(word)
+    return out
+
+
 def snakemake_options(text: str) -> list[str]:
     """More Snakemake options given as one string, split as a shell splits it; each an option
     (a value follows its option), so that no word is taken for a config or a target by accident."""

@@ -340,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from tokenflip.cli.args import attached_values
+
+    args = build_parser().parse_args(attached_values(sys.argv[1:] if argv is None else list(argv)))
     if args.command in ("generate", "probe", "prepare-model", "compare"):
         # Before the heavy imports (seconds on a loaded machine): a job whose scheduler
         # dies while it starts stops then, not once torch has loaded.
