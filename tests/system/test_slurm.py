@@ -4,6 +4,7 @@ and land in the GPU partition, and the report comes out as on a workstation."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -184,3 +185,55 @@ def test_grouping_cuts_the_submissions_of_a_100_cell_study_by_5x(tmp_path):
     submissions = sum(groups.values()) + sum(ungrouped.values())
     assert sum(jobs.values()) == 188 and submissions == 36
     assert sum(jobs.values()) / submissions >= 5
+
+
+@pytest.mark.slow
+def test_rounds_through_slurm_submit_only_the_open_cells_next_blocks(slurm_cluster, tmp_path):  # noqa: F811
+    """A study in rounds under the SLURM profile: after round 1 (its checkpoint runs in
+    Snakemake's own process), round 2 submits blocks for the cells of the comparisons still
+    open and their floor only; a comparison decided in round 1 takes no further block."""
+    cluster = slurm_cluster
+    config = {
+        "run": "rr",
+        "models": {"tiny-llama": {"source": "random", "architecture": "llama", "seed": 0}},
+        "benchmarks": {"arith": {"kind": "arithmetic", "n": 32, "max_new_tokens": 6}},
+        "generation": {"record_top_k": 4, "device": "cpu", "threads": 1},
+        "blocks": {"first": 16},
+        "rounds": {},
+        "decoding": {"greedy": {"strategy": "greedy"}, "hot": {"strategy": "sample", "temperature": 2.0}},
+        "grids": [{"precision": ["fp32"], "cache": ["on"], "batch_size": [4], "decoding": ["greedy", "hot"]},
+                  {"precision": ["fp32"], "cache": ["off"], "batch_size": [4]},
+                  {"precision": ["fp32"], "cache": ["on"], "batch_size": [4], "repeat": [2]}],
+        "comparisons": [{"axis": "decoding", "a": "greedy", "b": "hot"}, {"axis": "cache", "a": "on", "b": "off"},
+                        {"axis": "repeat", "a": "default", "b": 2}],
+    }
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    profile = write_test_profile(tmp_path / "profile")
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(workdir / "config.yaml"), "--profile", str(profile)]
+    # The cells are the target: their joins ask the rounds which blocks they take (the pairs,
+    # summary and report after them go through SLURM as in the test above).
+    cells = [f"results/rr/cells/tiny-llama/arith/{name}.parquet" for name in
+             ("fp32-on-bs4-greedy-none", "fp32-on-bs4-hot-none", "fp32-off-bs4-greedy-none",
+              "fp32-on-bs4-greedy-none-repeat=2")]
+    proc = subprocess.run([*cmd, *cells], cwd=workdir, env=cluster.env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{log[-8000:]}\n{cluster.log_tail()}"
+    rounds = workdir / "results" / "rr" / "rounds"
+    first = json.loads((rounds / "1.json").read_text())
+    blocks = workdir / "results" / "rr" / "blocks" / "tiny-llama" / "arith"
+    cells = sorted(p.name for p in blocks.iterdir())
+    assert len(cells) == 4
+    # Sampling at temperature 2 against greedy parts every prompt: decided in round 1; the
+    # cache comparison parts none and goes on, with its cells and the floor's.
+    assert list(first["decided"]) == ["tiny-llama/arith/decoding/greedy_vs_hot/fp32-on-bs4-x-none"], first
+    going_on = {cell_id.rsplit("/", 1)[-1] for cell_id in first["continue"]}
+    assert going_on == {"fp32-on-bs4-greedy-none", "fp32-off-bs4-greedy-none", "fp32-on-bs4-greedy-none-repeat=2"}
+    assert sorted(cell for cell in cells if (blocks / cell / "16-32.parquet").exists()) == sorted(going_on)
+    # Round 2 was submitted after round 1's checkpoint: its generate jobs, the open cells' only.
+    second = [line for line in log.splitlines() if "wildcards:" in line and "first=16, end=32" in line]
+    assert sorted(re.search(r"cell=([^,]+)", line).group(1) for line in second) == sorted(going_on), log[-4000:]
+    generate_groups = [path for _, _, path in SUBMITTED.findall(log) if "/group_generate_" in path]
+    assert len(generate_groups) >= 2, log[-4000:]  # round 1's blocks, then round 2's

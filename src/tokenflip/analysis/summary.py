@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tokenflip.analysis import compare, texts
+from tokenflip.analysis import ResultError, compare, texts  # noqa: F401 - ResultError raised here, imported from here
 from tokenflip.analysis.floors import (
     REPEAT_COLUMNS,
     STILL_IDENTICAL_COLUMNS,
@@ -45,10 +45,6 @@ BASE_TABLES = ("cells", "pairs", "first_divergence", "still_identical", "repeats
 # What the summary keeps of each diverged prompt: where it parted, both margins there, the
 # label of why (`causes`), where the streams came together again, and whether the answers agree.
 FIRST_DIV_FIELDS = ["first_div_step", "margin_a_at_div", "margin_b_at_div", "cause", "rejoin_step", "same_answer"]
-
-
-class ResultError(ValueError):
-    """A result file is not what the config asks for (stale, foreign, corrupt)."""
 
 
 def summary_tables() -> list[str]:

@@ -372,10 +372,10 @@ def hand_over_generate(args) -> int | None:
 def run_command(args) -> int:
     """The command `args` names, its refusals as one line and an exit status."""
     from tokenflip.analysis.compare import ComparabilityError
-    from tokenflip.analysis.summary import ResultError
+    from tokenflip.analysis import ResultError
     from tokenflip.core.specs import JobSpecError
     from tokenflip.core.storage import StorageError
-    from tokenflip.models.prepare import ModelError
+    from tokenflip.models import ModelError
     from tokenflip.models.served_tokenizer import ServedTokenizerError
     from tokenflip.run.benchmarks import BenchmarkError
     from tokenflip.run.engines.endpoint.client import EndpointError

@@ -24,14 +24,11 @@ from typing import Any
 import torch
 
 from tokenflip.core import storage
+from tokenflip.models import ModelError  # noqa: F401 - raised here, and imported from here by callers
 from tokenflip.models.served_tokenizer import FILE as SERVED_FILE
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MANIFEST = "model.json"
-
-
-class ModelError(RuntimeError):
-    pass
 
 
 # Tiny shapes of real architectures: small enough for CPU tests, large enough to exercise
