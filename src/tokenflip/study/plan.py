@@ -139,21 +139,37 @@ def probe_pairs(config: dict[str, Any], probe: str, model: str, benchmark: str,
             and at_defaults(config, pair.a, (pair.axis, "precision"))]
 
 
+def load_settings(cell: Cell) -> tuple[str, ...] | None:
+    """What a transformers cell's loaded model depends on (None: another engine's cell, or one
+    whose load is not shared; `run.shared_loads` decides at run time, with the machine's part)."""
+    if cell.engine != "transformers" or cell.intervention != "none" or cell.compile != "off":
+        return None
+    return (cell.model, cell.precision, cell.attention, cell.deterministic, cell.device)
+
+
 def job_priorities(config: dict[str, Any], cells: list[Cell], pairs: list[Pair]) -> dict[str, int]:
     """Scheduling priority by cell or pair id (absent: 0). The longest jobs first: a cell
     without a cache (3), then the probes' inputs, which each probe (the next longest job)
-    waits on: the pairs it explains (2) and their cells (1). Outputs do not depend on it."""
-    priorities: dict[str, int] = {}
+    waits on: the pairs it explains (2) and their cells (1). Within each, the cells of one
+    load setting (`load_settings`) together, so that jobs run one at a time (one GPU) follow
+    each other on one warm load instead of alternating loads. Outputs do not depend on it."""
+    base: dict[str, int] = {}
     for probe, model, benchmark in probe_targets(config):
         if config["probes"][probe]["select"] == "diverged":
             for pair in probe_pairs(config, probe, model, benchmark, pairs):
-                priorities[pair.id] = 2
+                base[pair.id] = 2
                 for cell in (pair.a, pair.b):
-                    priorities[cell.id] = max(priorities.get(cell.id, 0), 1)
+                    base[cell.id] = max(base.get(cell.id, 0), 1)
     for cell in cells:
         if cell.cache == "off":
-            priorities[cell.id] = 3
-    return priorities
+            base[cell.id] = 3
+    loads = sorted({settings for cell in cells if (settings := load_settings(cell)) is not None})
+    rank = {settings: len(loads) - i for i, settings in enumerate(loads)}  # 1..len(loads); 0: not shared
+    scale = len(loads) + 1
+    priorities = {key: value * scale for key, value in base.items()}
+    for cell in cells:
+        priorities[cell.id] = base.get(cell.id, 0) * scale + rank.get(load_settings(cell), 0)
+    return {key: value for key, value in priorities.items() if value}
 
 
 def probe_job(config: dict[str, Any], probe: str, model: str, benchmark: str,
