@@ -173,3 +173,8 @@ def test_the_defaults_figures_are_its_runs_own_record():
             assert line in readme, line
         for f in record["floors"]:
             assert f"{f['parted']} of {f['n']} prompts parted when the same setting ran again" in readme
+        # Where the jobs' time went, as the findings page says it.
+        findings = (REPO / "docs" / "findings.md").read_text(encoding="utf-8")
+        share = (f"Decoding took {record['generation_share']:.0%} of the jobs' time ({record['decoding_seconds']} of "
+                 f"{sum(record['job_seconds'].values()):.0f} job-seconds; {record['jobs']['generate']} generation jobs")
+        assert share in " ".join(findings.split()), share

@@ -5,10 +5,11 @@ transformers, loading and verifying the weights cost a small model's job more th
 prompts do, and a study in rounds runs a job per block. So a transformers job hands itself
 to a warm process that already holds its load, and exits with that job's status:
 
-- A load is what a job's model depends on: the prepared model (its manifest's digest), the
-  precision it computes in, the device, the attention implementation, the deterministic
-  setting, the interpreter and tokenflip's own source, and the environment that steers its
-  kernels (threads, CUDA, tokenflip's scheduler). Jobs whose load is not reusable
+- A load is what a job's model depends on: the prepared model (its manifest's digest and
+  files), the precision it computes in, the device, the attention implementation, the
+  deterministic setting, the job's threads, the interpreter and tokenflip's own source, and
+  the environment that steers its kernels (threads, CUDA, tokenflip's scheduler: a warm
+  process serves one run). Jobs whose load is not reusable
   (interventions that rewire the model, compiled steps, other engines) run in their own
   process as before.
 - Each warm process serves one job at a time, through a slot the job holds (a file lock):
@@ -100,7 +101,7 @@ def load_key(job, model_dir: str | Path) -> str | None:
         return None
     steering = sorted((k, v) for k, v in os.environ.items() if k.startswith(_STEERING) and k != SHARE_VARIABLE)
     parts = [_source_identity(), str(model_dir), manifest, *files, cell.precision, str(job.device), cell.attention,
-             cell.deterministic, json.dumps(steering)]
+             cell.deterministic, str(job.threads), json.dumps(steering)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
