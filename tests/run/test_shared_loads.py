@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import tiny_study
 
+from tokenflip.analysis.compare import _FREE_FIELDS
 from tokenflip.core import storage
+from tokenflip.core.provenance import flatten_provenance
 from tokenflip.run.shared_loads import load_key
 from tokenflip.study import config as cfg
 from tokenflip.study.plan import cell_job, expand_cells
@@ -90,6 +92,11 @@ def test_jobs_handed_to_a_warm_load_are_the_cells_a_fresh_load_makes_bit_for_bit
             assert shared.column(column).to_pylist() == fresh.column(column).to_pylist(), (name, column)
         assert (shared_meta["token_stream_sha256"], shared_meta["logits_sha256"]) == \
             (fresh_meta["token_stream_sha256"], fresh_meta["logits_sha256"])
+        # Its record too, field by field as a comparison checks it (times apart): a warm cell
+        # pairs with a fresh one (a cell whose other side is an intervention, never shared).
+        recorded = [{k: v for k, v in flatten_provenance(m).items() if k.split(".")[0] not in _FREE_FIELDS}
+                    for m in (shared_meta, fresh_meta)]
+        assert recorded[0] == recorded[1], {k for k in recorded[0] if recorded[0][k] != recorded[1].get(k)}
     # Another load (bf16) sends the idle fp32 process away before it loads.
     status, _, log = _generate(jobs["bf16-on-bs2-greedy-none"], model, tmp_path / "bf16.parquet", root, share=True)
     assert status == 0 and int(WARM.search(log).group(1)) != warm[0], log

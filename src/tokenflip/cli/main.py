@@ -351,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         watch_scheduler()
     if args.command == "generate" and (status := hand_over_generate(args)) is not None:
         return status
+    if args.command == "probe":  # it loads models of its own: no idle warm load beside them
+        from tokenflip.run.shared_loads import make_room
+
+        make_room()
     return run_command(args)
 
 

@@ -28,10 +28,25 @@ def scheduler_token(pid: int | None = None) -> str:
     return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
 
 
+# The process of the job this process runs for another (a warm process holding a model
+# load, `run.shared_loads`): (pid, start time), or None.
+_JOB: tuple[int, str | None] | None = None
+
+
+def watch_job(pid: int | None) -> None:
+    """From now on (None: no longer) the job this process runs is that of process `pid`:
+    when it is gone (Snakemake killed the job), so is the reason to write anything."""
+    global _JOB
+    _JOB = None if pid is None else (pid, _start_time(pid))
+
+
 def scheduler_gone() -> str | None:
-    """Why this job's scheduler is gone (None if it is alive or not watched here)."""
+    """Why this job's scheduler, or the process of the job run here for another, is gone
+    (None if they are alive or not watched here)."""
     import socket
 
+    if _JOB is not None and (_JOB[1] is None or _start_time(_JOB[0]) != _JOB[1]):
+        return f"its job's process (pid {_JOB[0]}) is gone"
     token = os.environ.get(SCHEDULER_VARIABLE)
     if not token or token.count(":") < 2:
         return None

@@ -52,12 +52,17 @@ START_SECONDS = 30.0
 MAX_SLOTS = 64
 # The environment that steers what a load computes or where it runs.
 _STEERING = ("OMP_", "MKL_", "OPENBLAS_", "CUDA_", "PYTORCH_", "TORCH_", "HF_", "TRANSFORMERS_", "TOKENFLIP_",
-             "ONEDNN_", "DNNL_", "KMP_", "GOMP_", "LD_PRELOAD", "CUBLAS_", "NVIDIA_")
+             "ONEDNN_", "DNNL_", "KMP_", "GOMP_", "LD_PRELOAD", "LD_LIBRARY_PATH", "CUBLAS_", "NVIDIA_", "ATEN_",
+             "PYTHON")
+# Cluster jobs: their processes go with the job, and their host's scheduler is not watched here.
+_CLUSTER_JOBS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID")
+# The longest path a Unix socket can be bound at (sun_path's 108 bytes, its final NUL).
+_LONGEST_ADDRESS = 107
 
 
 def enabled() -> bool:
     """Sharing is on unless turned off, and never inside a cluster job (its process goes with it)."""
-    return os.environ.get(SHARE_VARIABLE, "1") != "0" and not os.environ.get("SLURM_JOB_ID")
+    return os.environ.get(SHARE_VARIABLE, "1") != "0" and not any(os.environ.get(v) for v in _CLUSTER_JOBS)
 
 
 def runtime_dir() -> Path | None:
@@ -105,10 +110,20 @@ def load_key(job, model_dir: str | Path) -> str | None:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
+def make_room() -> None:
+    """Send away every idle warm process: a job about to load a model of its own (one whose
+    load is not shared, a probe) does not load it beside models no job is using."""
+    if enabled() and (base := runtime_dir()) is not None:
+        _dismiss_idle(base, "")
+
+
 def hand_over(job, job_json: str, model_dir: str | Path, out: str | Path, quiet: bool) -> int | None:
     """Run `job` in a warm process holding its load; its exit status (None: run it here, as
     sharing is off or the job's load is not shareable)."""
-    if not enabled() or (base := runtime_dir()) is None or (key := load_key(job, model_dir)) is None:
+    if not enabled() or (base := runtime_dir()) is None:
+        return None
+    if (key := load_key(job, model_dir)) is None:
+        _dismiss_idle(base, "")
         return None
     slot = _take_slot(base, key)
     if slot is None:
@@ -116,21 +131,30 @@ def hand_over(job, job_json: str, model_dir: str | Path, out: str | Path, quiet:
     number, lock = slot
     try:
         address = str(base / f"{key}.{number}.sock")
+        if len(os.fsencode(address)) > _LONGEST_ADDRESS:
+            return None
         connection = _connect(address)
         if connection is None:
             _dismiss_idle(base, key)
             _start(address)
             connection = _connect(address, wait=START_SECONDS)
         if connection is None:
-            print("tokenflip generate: no warm process answered; loading the model in this job", file=sys.stderr)
+            print(f"tokenflip generate: no warm process answered (its log: {address[:-5]}.log); loading the model "
+                  f"in this job", file=sys.stderr)
             return None
         request = {"job": job_json, "model_dir": str(Path(model_dir).resolve()), "out": str(Path(out).absolute()),
-                   "quiet": quiet, "cwd": os.getcwd(), "umask": _umask(), "pid": os.getpid()}
+                   "quiet": quiet, "cwd": os.getcwd(), "umask": _umask(), "pid": os.getpid(), "argv0": sys.argv[0]}
         sys.stdout.flush()
         sys.stderr.flush()
         with connection:
-            socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [1, 2])
-            answer = _read_line(connection)
+            try:
+                socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [1, 2])
+            except OSError:  # it left as the job came: nothing of the job ran there
+                return None
+            try:
+                answer = _read_line(connection)
+            except OSError:
+                answer = None
         if answer is None:
             print(f"tokenflip generate: the warm process holding this job's load ended without an answer "
                   f"(killed, or out of memory); nothing was written", file=sys.stderr)
@@ -174,10 +198,11 @@ def _connect(address: str, wait: float = 0.0) -> socket.socket | None:
 
 
 def _start(address: str) -> None:
-    """A warm process for the slot at `address`, in a session of its own (it outlives this job)."""
-    subprocess.Popen([sys.executable, "-m", "tokenflip.run.shared_loads", address], start_new_session=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     close_fds=True)
+    """A warm process for the slot at `address`, in a session of its own (it outlives this job);
+    what it says outside any job goes to the slot's log beside its socket."""
+    with open(address[: -len(".sock")] + ".log", "a") as log:
+        subprocess.Popen([sys.executable, "-m", "tokenflip.run.shared_loads", address], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True)
 
 
 def _dismiss_idle(base: Path, key: str) -> None:
@@ -218,38 +243,54 @@ def _read_line(connection: socket.socket) -> bytes | None:
 def serve(address: str) -> None:
     """Listen at `address` and run the jobs handed over, one at a time, with their load kept;
     leave when idle for `IDLE_SECONDS`, when told to, or when the scheduler is gone."""
+    if os.path.exists(address):
+        os.unlink(address)  # a socket left by a process that was killed: this slot is ours (its lock held)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)  # first: the job that started this process waits for it
+    listener.listen(4)
+    listener.settimeout(1.0)
     from tokenflip.core.scheduler import scheduler_gone
     from tokenflip.models.prepare import keep_loads
 
     keep_loads()
-    if os.path.exists(address):
-        os.unlink(address)  # a socket left by a process that was killed: this slot is ours (its lock held)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(address)
-    listener.listen(4)
-    listener.settimeout(1.0)
     idle_since = time.monotonic()
-    try:
-        while time.monotonic() - idle_since < IDLE_SECONDS and not scheduler_gone():
-            try:
-                connection, _ = listener.accept()
-            except socket.timeout:
-                continue
-            with connection:
-                if not _serve_one(connection):  # told to leave: gone before the one who asked reads on
-                    os.unlink(address)
-                    os._exit(0)
-            idle_since = time.monotonic()
-    finally:
-        listener.close()
+    while True:
+        if time.monotonic() - idle_since >= IDLE_SECONDS or scheduler_gone():
+            if _leave(address):
+                return
+            idle_since = time.monotonic()  # a job holds the slot and is about to hand itself over
         try:
-            os.unlink(address)
-        except OSError:
-            pass
+            connection, _ = listener.accept()
+        except socket.timeout:
+            continue
+        with connection:
+            status = _serve_one(connection)
+            if status is None or status != 0:
+                # Told to leave, or a job failed: a failure may leave the process's state (a CUDA
+                # error, memory) worse than a fresh one's; the next job starts a fresh process.
+                os.unlink(address)
+                os._exit(0)
+        idle_since = time.monotonic()
 
 
-def _serve_one(connection: socket.socket) -> bool:
-    """One request: a job (run it; True) or a request to leave (False)."""
+def _leave(address: str) -> bool:
+    """Leave when no job holds this slot (its lock taken here, so none can hand itself over
+    while the socket goes); False when a job holds it."""
+    lock = open(address[: -len(".sock")] + ".lock", "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return False
+    try:
+        os.unlink(address)
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _serve_one(connection: socket.socket) -> int | None:
+    """One request: a job (run it; its status) or a request to leave (None)."""
     message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
     while not message.endswith(b"\n") and message:
         more = connection.recv(1 << 20)
@@ -260,10 +301,13 @@ def _serve_one(connection: socket.socket) -> bool:
     if request.get("leave") or len(fds) != 2:
         for fd in fds:
             os.close(fd)
-        return not request.get("leave")
+        return None if request.get("leave") else 0
     status = _run_job(request, fds, connection)
-    connection.sendall(json.dumps({"status": status}).encode() + b"\n")
-    return True
+    try:
+        connection.sendall(json.dumps({"status": status}).encode() + b"\n")
+    except OSError:
+        pass
+    return status
 
 
 _JOBS_RUN = 0
@@ -271,9 +315,10 @@ _JOBS_RUN = 0
 
 def _run_job(request: dict[str, Any], fds: list[int], connection: socket.socket) -> int:
     """The job, with its log as this process's stdout and stderr, in its folder and umask."""
+    from tokenflip.core import scheduler
     from tokenflip.run import cell_output
 
-    saved = [os.dup(1), os.dup(2)]
+    saved, argv = [os.dup(1), os.dup(2)], sys.argv
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fds[0], 1)
@@ -287,21 +332,26 @@ def _run_job(request: dict[str, Any], fds: list[int], connection: socket.socket)
     try:
         os.chdir(request["cwd"])
         os.umask(int(request["umask"]))
+        sys.argv = [str(request.get("argv0") or argv[0])]  # what the job's record says ran it
         cell_output.JOB_PROCESS = int(request["pid"])
+        # Every write checks that the job's own process still runs (storage checks the
+        # scheduler before each): a job Snakemake killed gets nothing written.
+        scheduler.watch_job(int(request["pid"]))
         from tokenflip.cli.main import build_parser, run_command
 
-        argv = ["generate", "--job", request["job"], "--model-dir", request["model_dir"], "--out", request["out"]]
-        try:
-            return run_command(build_parser().parse_args([*argv, *(["--quiet"] if request.get("quiet") else [])]))
-        except SystemExit as exc:  # argparse's usage errors
-            return exc.code if isinstance(exc.code, int) else 2
-        except BaseException:  # noqa: BLE001 - a defect: its traceback in the job's log, as a fresh job would
-            import traceback
+        job = ["generate", "--job", request["job"], "--model-dir", request["model_dir"], "--out", request["out"]]
+        return run_command(build_parser().parse_args([*job, *(["--quiet"] if request.get("quiet") else [])]))
+    except SystemExit as exc:  # argparse's usage errors
+        return exc.code if isinstance(exc.code, int) else 2
+    except BaseException:  # noqa: BLE001 - a defect: its traceback in the job's log, as a fresh job would
+        import traceback
 
-            traceback.print_exc()
-            return 1
+        traceback.print_exc()
+        return 1
     finally:
         finished.set()
+        scheduler.watch_job(None)
+        sys.argv = argv
         cell_output.JOB_PROCESS = None
         sys.stdout.flush()
         sys.stderr.flush()
