@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 from tokenflip.analysis.power import power_lines
-from tokenflip.cli.args import check_paths, config_args, json_arg, length_arg, model_spec, number, path_arg, run_args
+from tokenflip.cli.args import attached_values, check_paths, config_args, json_arg, length_arg, model_spec, number, path_arg, run_args
 from tokenflip.cli.audit import add_commands as add_endpoint_commands
 from tokenflip.cli.gate import add_command as add_gate_command
+from tokenflip.cli.generate import cmd_generate, hand_over_job
 from tokenflip.cli.run_cell import cmd_run_cell
 from tokenflip.cli.workflow import add_command as add_run_command
 from tokenflip.core.excerpt import redacted
@@ -44,15 +45,6 @@ def cmd_prepare_model(args) -> None:
             cause = check_model(Path(args.out).name, args.spec)
         raise ModelError(cause or f"{args.spec['id']}: {type(exc).__name__}: {exc}") from exc
     print(json.dumps({k: manifest[k] for k in ("architecture", "num_parameters", "weights_sha256")}))
-
-
-def cmd_generate(args) -> None:
-    from tokenflip.core.specs import CellJob
-
-    from tokenflip.run.cell import run_cell
-
-    meta = run_cell(CellJob.from_json(args.job), args.model_dir, args.out, progress=not args.quiet)
-    print(f"{meta['cell_id']}: token-stream sha256 {meta['token_stream_sha256']}")
 
 
 def cmd_check_prompts(args) -> None:
@@ -340,8 +332,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tokenflip.cli.args import attached_values
-
     args = build_parser().parse_args(attached_values(sys.argv[1:] if argv is None else list(argv)))
     if args.command in ("generate", "probe", "prepare-model", "compare"):
         # Before the heavy imports (seconds on a loaded machine): a job whose scheduler
@@ -349,28 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         from tokenflip.core.scheduler import watch_scheduler
 
         watch_scheduler()
-    if args.command == "generate" and (status := hand_over_generate(args)) is not None:
-        return status
-    if args.command == "probe":  # it loads models of its own: no idle warm load beside them
-        from tokenflip.run.shared_loads import make_room
-
-        make_room()
+    if args.command in ("generate", "probe"):  # a warm process holding the job's load may run it
+        if (status := hand_over_job(args)) is not None:
+            return status
     return run_command(args)
-
-
-def hand_over_generate(args) -> int | None:
-    """A generation job run by a warm process that holds its load (`run.shared_loads`): its
-    exit status, or None to run it here (sharing off, a load not shared, or a job whose input
-    this process refuses, with its one-line error). Nothing heavy is imported on the way."""
-    from tokenflip.core.specs import CellJob
-    from tokenflip.run.shared_loads import hand_over
-
-    try:
-        check_paths(args)
-        job = CellJob.from_json(args.job)
-    except Exception:  # noqa: BLE001 - run_command refuses it, in one line
-        return None
-    return hand_over(job, json.dumps(args.job), args.model_dir, args.out, args.quiet)
 
 
 def run_command(args) -> int:

@@ -361,32 +361,9 @@ def load_tokenizer(model_dir: str | Path):
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-# In a process that keeps its load for the jobs that share it (`run.shared_loads`): the last
-# load, by its arguments.
-_KEPT: dict[tuple, tuple] | None = None
-
-
-def keep_loads() -> None:
-    """From now on this process keeps its last load and hands it to the next call that asks
-    for the same one (jobs that run no intervention leave the model as loaded)."""
-    global _KEPT
-    _KEPT = {}
-
-
 def load_prepared(model_dir: str | Path, precision: str, device: str = "auto", attention: str = "default"):
     """Load (model, tokenizer, manifest) from a prepared directory in the cell's precision
     (and attention implementation, unless `default`: the library's choice)."""
-    key = (str(Path(model_dir).resolve()), precision, device, attention)
-    if _KEPT is not None and key in _KEPT:
-        return _KEPT[key]
-    loaded = _load_prepared(model_dir, precision, device, attention)
-    if _KEPT is not None:
-        _KEPT.clear()
-        _KEPT[key] = loaded
-    return loaded
-
-
-def _load_prepared(model_dir: str | Path, precision: str, device: str, attention: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if precision not in PRECISIONS:

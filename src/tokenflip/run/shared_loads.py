@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["hand_over", "load_key", "serve", "IDLE_SECONDS", "SHARE_VARIABLE"]
 
@@ -117,9 +117,10 @@ def make_room() -> None:
         _dismiss_idle(base, "")
 
 
-def hand_over(job, job_json: str, model_dir: str | Path, out: str | Path, quiet: bool) -> int | None:
-    """Run `job` in a warm process holding its load; its exit status (None: run it here, as
-    sharing is off or the job's load is not shareable)."""
+def hand_over(job, job_json: str, model_dir: str | Path, out: str | Path, quiet: bool, worker: str) -> int | None:
+    """Run `job` in a warm process holding its load (module `worker` started as one where
+    none runs); its exit status (None: run it here, as sharing is off or the job's load is
+    not shareable)."""
     if not enabled() or (base := runtime_dir()) is None:
         return None
     if (key := load_key(job, model_dir)) is None:
@@ -136,7 +137,7 @@ def hand_over(job, job_json: str, model_dir: str | Path, out: str | Path, quiet:
         connection = _connect(address)
         if connection is None:
             _dismiss_idle(base, key)
-            _start(address)
+            _start(address, worker)
             connection = _connect(address, wait=START_SECONDS)
         if connection is None:
             print(f"tokenflip generate: no warm process answered (its log: {address[:-5]}.log); loading the model "
@@ -197,11 +198,11 @@ def _connect(address: str, wait: float = 0.0) -> socket.socket | None:
             time.sleep(0.05)
 
 
-def _start(address: str) -> None:
+def _start(address: str, worker: str) -> None:
     """A warm process for the slot at `address`, in a session of its own (it outlives this job);
     what it says outside any job goes to the slot's log beside its socket."""
     with open(address[: -len(".sock")] + ".log", "a") as log:
-        subprocess.Popen([sys.executable, "-m", "tokenflip.run.shared_loads", address], start_new_session=True,
+        subprocess.Popen([sys.executable, "-m", worker, address], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True)
 
 
@@ -240,9 +241,10 @@ def _read_line(connection: socket.socket) -> bytes | None:
 
 # --- The warm process -----------------------------------------------------------------------
 
-def serve(address: str) -> None:
-    """Listen at `address` and run the jobs handed over, one at a time, with their load kept;
-    leave when idle for `IDLE_SECONDS`, when told to, or when the scheduler is gone."""
+def serve(address: str, run: Callable[[list[str]], int]) -> None:
+    """Listen at `address` and run the jobs handed over (`run(argv)`: a `tokenflip` command's
+    exit status), one at a time, with their load kept; leave when idle for `IDLE_SECONDS`,
+    when told to, or when the scheduler is gone."""
     if os.path.exists(address):
         os.unlink(address)  # a socket left by a process that was killed: this slot is ours (its lock held)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -250,7 +252,7 @@ def serve(address: str) -> None:
     listener.listen(4)
     listener.settimeout(1.0)
     from tokenflip.core.scheduler import scheduler_gone
-    from tokenflip.models.prepare import keep_loads
+    from tokenflip.run.engines.transformers_loop import keep_loads
 
     keep_loads()
     idle_since = time.monotonic()
@@ -264,7 +266,7 @@ def serve(address: str) -> None:
         except socket.timeout:
             continue
         with connection:
-            status = _serve_one(connection)
+            status = _serve_one(connection, run)
             if status is None or status != 0:
                 # Told to leave, or a job failed: a failure may leave the process's state (a CUDA
                 # error, memory) worse than a fresh one's; the next job starts a fresh process.
@@ -289,7 +291,7 @@ def _leave(address: str) -> bool:
     os._exit(0)
 
 
-def _serve_one(connection: socket.socket) -> int | None:
+def _serve_one(connection: socket.socket, run: Callable[[list[str]], int]) -> int | None:
     """One request: a job (run it; its status) or a request to leave (None)."""
     message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
     while not message.endswith(b"\n") and message:
@@ -302,7 +304,7 @@ def _serve_one(connection: socket.socket) -> int | None:
         for fd in fds:
             os.close(fd)
         return None if request.get("leave") else 0
-    status = _run_job(request, fds, connection)
+    status = _run_job(request, fds, connection, run)
     try:
         connection.sendall(json.dumps({"status": status}).encode() + b"\n")
     except OSError:
@@ -313,7 +315,8 @@ def _serve_one(connection: socket.socket) -> int | None:
 _JOBS_RUN = 0
 
 
-def _run_job(request: dict[str, Any], fds: list[int], connection: socket.socket) -> int:
+def _run_job(request: dict[str, Any], fds: list[int], connection: socket.socket,
+             run: Callable[[list[str]], int]) -> int:
     """The job, with its log as this process's stdout and stderr, in its folder and umask."""
     from tokenflip.core import scheduler
     from tokenflip.run import cell_output
@@ -337,10 +340,8 @@ def _run_job(request: dict[str, Any], fds: list[int], connection: socket.socket)
         # Every write checks that the job's own process still runs (storage checks the
         # scheduler before each): a job Snakemake killed gets nothing written.
         scheduler.watch_job(int(request["pid"]))
-        from tokenflip.cli.main import build_parser, run_command
-
         job = ["generate", "--job", request["job"], "--model-dir", request["model_dir"], "--out", request["out"]]
-        return run_command(build_parser().parse_args([*job, *(["--quiet"] if request.get("quiet") else [])]))
+        return run([*job, *(["--quiet"] if request.get("quiet") else [])])
     except SystemExit as exc:  # argparse's usage errors
         return exc.code if isinstance(exc.code, int) else 2
     except BaseException:  # noqa: BLE001 - a defect: its traceback in the job's log, as a fresh job would
@@ -371,6 +372,3 @@ def _leave_if_job_ends(connection: socket.socket, finished: threading.Event) -> 
     if not finished.is_set():
         os._exit(1)
 
-
-if __name__ == "__main__":
-    serve(sys.argv[1])

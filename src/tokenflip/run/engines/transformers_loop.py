@@ -11,6 +11,31 @@ from tokenflip.run.caches import CACHE_FORM_AXES
 from tokenflip.run.engines.base import Decoded, Engine
 
 TRANSFORMERS = "transformers"
+# In a process that keeps its load for the jobs that share it (`run.shared_loads`): the last
+# load, by its arguments (None: every job loads its own).
+_KEPT: dict[tuple, tuple] | None = None
+
+
+def keep_loads() -> None:
+    """From now on this process keeps its last load for the next job that asks for the same
+    one (a shared load's jobs run no intervention: they leave the model as loaded)."""
+    global _KEPT
+    _KEPT = {}
+
+
+def _load(model_dir, precision: str, device: str, attention: str):
+    from pathlib import Path
+
+    from tokenflip.models.prepare import load_prepared
+
+    key = (str(Path(model_dir).resolve()), precision, device, attention)
+    if _KEPT is not None and key in _KEPT:
+        return _KEPT[key]
+    loaded = load_prepared(model_dir, precision, device, attention)
+    if _KEPT is not None:
+        _KEPT.clear()
+        _KEPT[key] = loaded
+    return loaded
 
 
 def _loaded_dtype(job, record) -> str:
@@ -48,8 +73,8 @@ class Transformers(Engine):
         from tokenflip.run.interventions import apply_to_model, weights_precision
 
         cell = job.cell
-        model, tokenizer, manifest = load_prepared(model_dir, weights_precision(job.intervention, cell.precision),
-                                                   job.device, cell.attention)
+        model, tokenizer, manifest = _load(model_dir, weights_precision(job.intervention, cell.precision),
+                                           job.device, cell.attention)
         # What the model computes in, read from the model itself before an intervention
         # rewires it (global_fp32 widens a 16-bit model on purpose).
         dtype = DTYPE_NAMES.get(model.dtype, str(model.dtype))

@@ -38,7 +38,9 @@ ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPEN
 def _child_cpu_seconds(cmd: list[str]) -> float:
     """Process CPU time (user + system) of running `cmd` with one thread."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(cmd, check=True, env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL,
+    # Sharing off: the job's own process loads its model, as the cost model prices every job.
+    subprocess.run(cmd, check=True, env={**os.environ, **ONE_THREAD, "TOKENFLIP_SHARE_LOADS": "0"},
+                   stdout=subprocess.DEVNULL,
                    stderr=subprocess.PIPE)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
