@@ -235,10 +235,10 @@ MADE_UP_AXIS = '''    Axis("matmul_precision", _enum("default", "highest", "high
 # The engine honours it (its allow list), uses it, and records what torch then runs with.
 ENGINE_EDITS = [
     ('               "engine")\n', '               "engine", "matmul_precision")\n'),
-    ('        cell = job.cell\n        model, tokenizer, manifest = load_prepared(',
+    ('        cell = job.cell\n        model, tokenizer, manifest = _load(',
      '        cell = job.cell\n        if cell.matmul_precision != "default":\n'
      '            torch.set_float32_matmul_precision(cell.matmul_precision)\n'
-     '        model, tokenizer, manifest = load_prepared('),
+     '        model, tokenizer, manifest = _load('),
     ('"use_cache": use_cache, "intervention"',
      '"use_cache": use_cache, "matmul_precision": torch.get_float32_matmul_precision(), "intervention"'),
     ('    def decode(self, job, bench, model_dir, progress: bool) -> Decoded:\n        from tokenflip.models',
