@@ -294,11 +294,8 @@ def _leave(address: str) -> bool:
 def _serve_one(connection: socket.socket, run: Callable[[list[str]], int]) -> int | None:
     """One request: a job (run it; its status) or a request to leave (None)."""
     message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
-    while not message.endswith(b"\n") and message:
-        more = connection.recv(1 << 20)
-        if not more:
-            break
-        message += more
+    if message and not message.endswith(b"\n"):  # the rest of a request longer than one read
+        message += _read_line(connection) or b""
     request = json.loads(message or b"{}")
     if request.get("leave") or len(fds) != 2:
         for fd in fds:
