@@ -11,7 +11,7 @@ import argparse
 import pytest
 
 from tokenflip.cli.audit import endpoint_label, model_name_of, study
-from tokenflip.models.served_routes import token_ids
+from tokenflip.models.servers import token_ids
 from tokenflip.study import config as cfg
 
 

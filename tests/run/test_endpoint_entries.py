@@ -53,3 +53,29 @@ def test_the_entries_users_write_pass():
                   {"api_key_env": "OPENAI_API_KEY"}, {"url": "https://api.example.com:8443/v1"}):
         config = cfg.validate(study(**entry), check_data=False)
         assert config["endpoints"]["prod"]["model"] == "m"
+
+
+def test_each_server_kind_a_config_may_name_has_one_profile_that_every_request_follows():
+    """The schema's `server:` values are the profiles' names; what a request carries beyond
+    OpenAI's API comes from its server's profile alone (ids asked of vLLM and SGLang,
+    llama.cpp's repetition penalty asked off), and every entry of an unnamed kind is sent
+    OpenAI's API as written."""
+    from tokenflip.models.servers import SERVERS, server
+    from tokenflip.run.engines.endpoint.engine import SERVER_KINDS, request_fields
+
+    schema = cfg.schema()["properties"]["endpoints"]["additionalProperties"]["properties"]["server"]["enum"]
+    assert list(SERVER_KINDS) == schema == list(SERVERS)
+    greedy = {"strategy": "greedy"}
+    asked = {kind: request_fields({"model": "m", "api": "completions", "server": kind}, greedy, 8, 2, True, [], [2])
+             for kind in SERVER_KINDS}
+    openai = asked["openai"]
+    assert openai == {"model": "m", "max_tokens": 8, "temperature": 0.0, "logprobs": 2}
+    assert asked["vllm"] == {**openai, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                             "stop_token_ids": [2]}
+    assert asked["sglang"] == {**openai, "return_token_ids": True, "stop_token_ids": [2]}
+    assert asked["llama.cpp"] == {**openai, "repeat_penalty": 1.0}
+    assert asked["tgi"] == asked["ollama"] == openai
+    assert server(None) is server("a-server-tokenflip-does-not-know") is SERVERS["openai"]
+    # the chat API asks for logprobs in its own fields
+    chat = request_fields({"model": "m", "api": "chat", "server": "vllm"}, greedy, 8, 2, True, [], [2])
+    assert (chat["logprobs"], chat["top_logprobs"]) == (True, 2)

@@ -13,6 +13,7 @@ import pytest
 
 from tokenflip.run.engines.endpoint.client import EndpointError, InFlight
 from tokenflip.run.engines.endpoint.engine import observed_order, send_order
+from tokenflip.run.engines.endpoint.protocol import CHAT, COMPLETIONS, Malformed, Step
 from tokenflip.run.engines.endpoint.responses import Vocabulary, read, scores_kind
 
 
@@ -48,7 +49,7 @@ def test_a_completion_with_token_ids_is_read_as_the_servers_ids_best_first(token
         # the second step's chosen token (30) is not the server's top one: 28 scored higher
         "top_logprobs": [{"token_id:7042": 17.5, "token_id:260": 14.9375},
                          {"token_id:30": 23.875, "token_id:28": 25.125, "token_id:29": 23.875}]}}
-    got = read(choice, "completions", 3, tokenizer, Vocabulary(tokenizer))
+    got = read(COMPLETIONS.parse(choice), 3, tokenizer, Vocabulary(tokenizer))
     assert got.token_ids == [7042, 30] and got.ids_from == "server"
     assert got.top_ids.tolist() == [[7042, 260, -1], [28, 30, 29]]  # ties keep the server's order
     assert got.top_scores[1].tolist() == [25.125, 23.875, 23.875] and math.isnan(got.top_scores[0, 2])
@@ -60,7 +61,7 @@ def test_a_chat_answer_in_text_is_re_tokenised_and_checked(tokenizer):
     pieces = [tokenizer.decode([i]) for i in ids]
     choice = {"message": {"content": " Paris is big"}, "finish_reason": "stop", "logprobs": {"content": [
         {"token": piece, "logprob": -0.1, "top_logprobs": [{"token": piece, "logprob": -0.1}]} for piece in pieces]}}
-    got = read(choice, "chat", 2, tokenizer, Vocabulary(tokenizer), eos_if_stopped=2)
+    got = read(CHAT.parse(choice), 2, tokenizer, Vocabulary(tokenizer), eos_if_stopped=2)
     # the text's ids, then the end of sequence the server stopped at (every engine's ids hold it)
     assert got.token_ids == [*ids, 2] and got.ids_from == "text" and got.round_trip
     assert got.top_ids[: len(ids), 0].tolist() == ids and got.off_top_steps == []
@@ -70,16 +71,49 @@ def test_a_chat_answer_in_text_is_re_tokenised_and_checked(tokenizer):
 def test_scores_above_what_a_logprob_can_be_are_refused_as_logprobs(tokenizer):
     choice = {"text": "a", "logprobs": {"tokens": ["token_id:64"], "token_logprobs": [12.0],
                                         "top_logprobs": [{"token_id:64": 12.0, "token_id:65": 11.0}]}}
-    raw = read(choice, "completions", 2, tokenizer, Vocabulary(tokenizer))
+    raw = read(COMPLETIONS.parse(choice), 2, tokenizer, Vocabulary(tokenizer))
     assert scores_kind([raw], "raw_logits") == "raw_logits"
     with pytest.raises(EndpointError, match="raw logits"):
         scores_kind([raw], "logprobs")
     # log(0.5) twice sums to probability 1: a logprob; none at all: "none"
-    half = read({"text": "a", "logprobs": {"tokens": ["token_id:64"], "token_logprobs": [math.log(0.5)],
-                                            "top_logprobs": [{"token_id:64": math.log(0.5),
-                                                              "token_id:65": math.log(0.5)}]}},
-                "completions", 2, tokenizer, Vocabulary(tokenizer))
+    half = read(COMPLETIONS.parse({"text": "a", "logprobs": {
+        "tokens": ["token_id:64"], "token_logprobs": [math.log(0.5)],
+        "top_logprobs": [{"token_id:64": math.log(0.5), "token_id:65": math.log(0.5)}]}}),
+                2, tokenizer, Vocabulary(tokenizer))
     assert scores_kind([half], "logprobs") == "logprobs"
-    assert scores_kind([read({"text": "a", "token_ids": [64]}, "completions", 2, tokenizer, Vocabulary(tokenizer))],
-                       "logprobs") == "none"
+    assert scores_kind([read(COMPLETIONS.parse({"text": "a", "token_ids": [64]}), 2, tokenizer,
+                             Vocabulary(tokenizer))], "logprobs") == "none"
     assert np.isnan(half.top_scores).sum() == 0
+
+
+def test_one_answer_in_either_apis_shape_parses_to_the_same_choice():
+    completion = {"text": " Paris", "finish_reason": "stop", "token_ids": [7042], "logprobs": {
+        "tokens": ["token_id:7042"], "token_logprobs": [-0.25],
+        "top_logprobs": [{"token_id:7042": -0.25, "token_id:260": -1.5}]}}
+    chat = {"message": {"role": "assistant", "content": " Paris"}, "finish_reason": "stop", "token_ids": [7042],
+            "logprobs": {"content": [{"token": "token_id:7042", "logprob": -0.25, "top_logprobs": [
+                {"token": "token_id:7042", "logprob": -0.25}, {"token": "token_id:260", "logprob": -1.5}]}]}}
+    assert COMPLETIONS.parse(completion) == CHAT.parse(chat)
+    assert CHAT.parse(chat).steps == (Step("token_id:7042", -0.25, (("token_id:7042", -0.25), ("token_id:260", -1.5))),)
+    # no logprobs asked: no steps, and the answer says it held none
+    bare = COMPLETIONS.parse({"text": "x", "finish_reason": "length"})
+    assert bare.steps == () and not bare.has_logprobs and bare.token_ids is None
+
+
+@pytest.mark.parametrize("api, choice, why", [
+    (CHAT, {"text": "chat answers carry a message"}, "a chat choice without its message"),
+    (CHAT, {"message": {"content": ""}, "logprobs": {"content": {"token": "a"}}},
+     "logprobs.content that is not a list of steps"),
+    (CHAT, {"message": {"content": ""}, "logprobs": {"content": [{"token": "a", "top_logprobs": {"a": 1}}]}},
+     "a step's top_logprobs that are not a list of tokens"),
+    (COMPLETIONS, {"text": "", "logprobs": [1, 2]}, "logprobs that are not an object"),
+    (COMPLETIONS, {"text": "", "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1.0]}},
+     "logprobs.tokens, token_logprobs and top_logprobs of different lengths or kinds"),
+    (COMPLETIONS, {"text": "", "logprobs": {"tokens": "ab"}},
+     "logprobs.tokens, token_logprobs or top_logprobs that are not lists"),
+    (COMPLETIONS, ["not", "an", "object"], "a choice that is not an object"),
+])
+def test_a_shape_neither_api_has_is_named(api, choice, why):
+    with pytest.raises(Malformed) as caught:
+        api.parse(choice)
+    assert str(caught.value) == why

@@ -68,9 +68,10 @@ ENDPOINT_GRIDS = [{"models": ["smollm2"], "precision": ["fp32"], "cache": ["on"]
                    "engine": ["served"], **axes}
                   for axes in ({"concurrency": ["default", 4]}, {"repeat": [2]}, {"load": ["busy"]},
                                {"logprobs": ["off"]}, {"server_cache": ["cold", "warm"]})]
-# The same endpoint with the served model's tokenizer asked of vLLM itself (no local copy).
+# The same endpoint with the served model's tokenizer asked of vLLM itself (no local copy),
+# through the completions API and through the chat API (vLLM renders the chat template).
 ENDPOINT_GRIDS.append({"models": ["vllm-tokenizer"], "precision": ["fp32"], "cache": ["on"], "batch_size": [1],
-                       "engine": ["served"]})
+                       "engine": ["served", "served_chat"]})
 ENDPOINT_COMPARISONS = [{"axis": "concurrency", "a": "default", "b": 4}, {"axis": "repeat", "a": "default", "b": 2},
                         {"axis": "load", "a": "none", "b": "busy"}, {"axis": "logprobs", "a": "on", "b": "off"},
                         {"axis": "engine", "a": "transformers", "b": "served"},
@@ -110,7 +111,9 @@ def study(server, prepared_models, tmp_path_factory):
               "grids": STUDY["grids"] + ENDPOINT_GRIDS,
               "comparisons": STUDY["comparisons"] + ENDPOINT_COMPARISONS,
               "endpoints": {"served": {"url": server.url, "model": "smollm2", "server": "vllm",
-                                       "scores": "raw_logits"}},
+                                       "scores": "raw_logits"},
+                            "served_chat": {"url": server.url, "model": "smollm2", "server": "vllm",
+                                            "scores": "raw_logits", "api": "chat"}},
               "loads": {"busy": {"requests": 2, "prompt_tokens": 64, "max_tokens": 16}}}
     # The session's prepared model (the server's), where the pipeline keeps it: prepared once.
     shutil.copytree(prepared_models("smollm2"), root / "resources" / "models" / "smollm2")
@@ -118,8 +121,9 @@ def study(server, prepared_models, tmp_path_factory):
     run_snakemake(root, write_yaml(root / "config.yaml", config), timeout=2400)
     cells = {key: storage.read_cell(root / "results" / "vllm" / "cells" / "smollm2" / "steps" / f"{name}.parquet")
              for key, name in {**CELLS, **ENDPOINT_CELLS}.items()}
-    cells["served_tokenizer"] = storage.read_cell(root / "results" / "vllm" / "cells" / "vllm-tokenizer" / "steps"
-                                                  / f"{ENDPOINT_CELLS['served']}.parquet")
+    for key, name in (("served_tokenizer", ENDPOINT_CELLS["served"]),
+                      ("served_chat", "fp32-on-bs1-greedy-none-engine=served_chat")):
+        cells[key] = storage.read_cell(root / "results" / "vllm" / "cells" / "vllm-tokenizer" / "steps" / f"{name}.parquet")
     return root, cells
 
 
@@ -302,6 +306,23 @@ def test_a_cell_encoded_by_vllms_own_tokenizer_is_the_local_tokenizers_cell(stud
     assert meta["engine"]["tokenizer"] == "the server's own, over HTTP" and meta["engine"]["prompts_as"] == "ids"
     info = json.loads((root / "resources" / "models" / "vllm-tokenizer" / "served_tokenizer.json").read_text())["info"]
     assert info["family"] == "vllm" and info["chat"] == "messages" and info["max_model_len"] == 2048
+
+
+def test_vllms_chat_api_gives_the_completions_cell_and_records_how_the_server_was_started(study, server):
+    """Chat messages rendered by vLLM's own template decode as the same prompt sent as ids:
+    the same tokens, raw logits and texts; vLLM's end token (named at /tokenizer_info, which
+    `tokenflip serve vllm` turns on) is never part of a text; the server's start settings it
+    reports (its cache configuration at /metrics) are recorded."""
+    _, cells = study
+    (chat, meta), (completions, _) = cells["served_chat"], cells["served_tokenizer"]
+    for column in ("prompt_ids", "token_ids", "top_ids", "top_logits", "text", "finish_reason"):
+        assert chat.column(column).to_pylist() == completions.column(column).to_pylist(), column
+    assert meta["engine"]["api"] == "chat" and meta["engine"]["prompts_as"] == "messages"
+    assert meta["engine"]["ids_from"] == ["server"] and meta["engine"]["scores"] == "raw_logits"
+    assert meta["engine"]["eos_from"] == f"{server.url[:-3]}/tokenizer_info ('<|im_end|>')"
+    assert not any("<|im_end|>" in text for text in chat.column("text").to_pylist())
+    settings = meta["engine"]["server"]["start_settings"]["vllm:cache_config_info"]
+    assert settings["enable_prefix_caching"] == "False"  # started with --no-enable-prefix-caching
 
 
 def test_the_endpoint_client_holds_the_load_it_claims(study):

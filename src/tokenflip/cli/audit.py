@@ -67,9 +67,9 @@ def study(args, endpoints: dict[str, dict[str, Any]], reference: str) -> dict[st
     comparisons = [{"axis": "concurrency", "a": "default", "b": args.concurrency},
                    {"axis": "repeat", "a": "default", "b": 2}, {"axis": "load", "a": "none", "b": "busy"},
                    {"axis": "logprobs", "a": "on", "b": "off"}]
-    from tokenflip.run.engines.endpoint.engine import CACHE_SALT_SERVERS
+    from tokenflip.models.servers import server
 
-    if endpoints[first].get("server") in CACHE_SALT_SERVERS:  # its prefix cache cold vs warm
+    if server(endpoints[first].get("server")).cache_salt:  # its prefix cache cold vs warm
         grids.append({**base, "engine": [first], "server_cache": ["cold", "warm"]})
         comparisons.append({"axis": "server_cache", "a": "cold", "b": "warm"})
     for other in names[1:]:
@@ -200,7 +200,7 @@ def check_credentials(sides) -> None:
 
 
 def cmd_audit(args) -> None:
-    from tokenflip.run.engines.endpoint.engine import CACHE_SALT_SERVERS
+    from tokenflip.models.servers import server as server_profile
     from tokenflip.run.engines.endpoint.server import problem, scores_kind_of, server_kind_of
     from tokenflip.study.config import ConfigError, validate
 
@@ -227,7 +227,7 @@ def cmd_audit(args) -> None:
         scores = scores_kind_of({**spec, "api": args.api})  # what its logprobs hold, asked through the cells' API
         endpoints[name] = side(args, url_, model, key_env, server, scores)
         print(f"tokenflip audit: {url_} is {server} ({scores}), named {name!r} in the study", file=sys.stderr)
-        if name == first and server not in CACHE_SALT_SERVERS:
+        if name == first and not server_profile(server).cache_salt:
             print(f"tokenflip audit: its prefix cache is not compared cold vs warm: server {server!r} takes no "
                   f"cache_salt, so no request can be kept from what earlier ones cached", file=sys.stderr)
     args.tokenizer, label = tokenizer_entry(args, endpoints)

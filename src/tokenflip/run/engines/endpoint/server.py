@@ -140,7 +140,7 @@ def identity(spec: dict[str, Any]) -> dict[str, Any]:
     """The served model's entry (without what changes per call) and the version the server
     reports at /version, where it has one."""
     from tokenflip.core.bounded_http import fetch_json
-    from tokenflip.models.served_routes import root_url
+    from tokenflip.models.servers import root_url
 
     models, _ = served_models(spec)
     entry = next((m for m in models or [] if m["id"] == spec["model"]), {})
@@ -151,53 +151,85 @@ def identity(spec: dict[str, Any]) -> dict[str, Any]:
             out["version"] = bounded(version)
     except Exception:
         pass  # a server without /version, or with one larger than a version is
+    if settings := start_settings(spec):
+        out["start_settings"] = settings
+    return out
+
+
+# Prometheus gauges whose labels are a server's start settings (vLLM's cache configuration:
+# prefix caching, the KV cache's dtype, its block size), reported at /metrics.
+SETTINGS_GAUGES = ("vllm:cache_config_info",)
+
+
+def start_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """How the server was started, where it says so: the labels of its settings gauges at
+    /metrics (vLLM, in production), its default generation settings at /props (llama.cpp's
+    own server) and its configuration at /server_info (vLLM in development mode). A
+    server that says none of these: {} (its settings are then only what the study states)."""
+    import re
+
+    from tokenflip.core.bounded_http import fetch, fetch_json
+    from tokenflip.models.servers import root_url
+
+    root, out = root_url(spec["url"]), {}
+    try:
+        status, raw = fetch("GET", root + "/metrics", timeout=10.0, largest=1 << 20)
+        for line in raw.decode("utf-8", "replace").splitlines() if status == 200 else []:
+            gauge = line.split("{", 1)[0]
+            if gauge in SETTINGS_GAUGES:
+                labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line))
+                out[gauge] = bounded({k: v for k, v in labels.items() if k != "engine"})
+    except Exception:
+        pass  # no /metrics, or more than a page of metrics
+    for route, key in (("/props", "default_generation_settings"), ("/server_info?config_format=json", "vllm_config")):
+        try:
+            status, answer, _ = fetch_json("GET", root + route, timeout=10.0)
+            if status == 200 and isinstance(answer, dict) and key in answer:
+                out[route.split("?")[0]] = bounded(answer[key])
+        except Exception:
+            pass  # a server without the route
     return out
 
 
 def server_kind_of(spec: dict[str, Any]) -> str:
-    """Which server answers, from what it says of itself: vLLM has /version and owns its
-    models as "vllm"; SGLang, TGI, Ollama and llama-cpp-python name themselves too."""
+    """Which server answers, from what it says of itself: the `owned_by` of its model entry
+    (each profile's in `models.servers`), or vLLM's /version; else "openai"."""
+    from tokenflip.models.servers import SERVERS
+
     info = identity(spec)
     owner = str(info["model_entry"].get("owned_by", "")).lower()
-    if owner in ("vllm", "sglang", "tgi", "ollama", "library"):
-        return {"library": "ollama"}.get(owner, owner)
-    if "version" in info and "vllm" in str(info).lower():
-        return "vllm"
-    return "llama.cpp" if owner in ("me", "llamacpp", "llama.cpp") else "openai"
+    named = next((profile.name for profile in SERVERS.values() if owner in profile.owned_by), None)
+    if named is None and "version" in info and "vllm" in str(info).lower():
+        named = "vllm"
+    return named or "openai"
 
 
 def scores_kind_of(spec: dict[str, Any]) -> str:
     """What the server's logprob fields hold, from one short request through the API the cells
-    use (`spec["api"]`, completions by default): a value above 0 is no logprob (vLLM started
-    with `--logprobs-mode raw_logits`, which acts on both APIs)."""
+    use (`spec["api"]`, completions by default), read by that API's parser: a value above 0 is
+    no logprob (vLLM started with `--logprobs-mode raw_logits`, which acts on both APIs)."""
     import asyncio
     import math
 
-    from tokenflip.run.engines.endpoint import client
+    from tokenflip.run.engines.endpoint import client, protocol
 
-    api_name = spec.get("api", "completions")
-    body = {"model": spec["model"], "max_tokens": 2, "temperature": 0.0}
-    body.update({"messages": [{"role": "user", "content": "The"}], "logprobs": True, "top_logprobs": 2}
-                if api_name == "chat" else {"logprobs": 2, "prompt": "The"})
+    api = protocol.api(spec.get("api", "completions"))
+    body = api.probe_body(spec["model"], 2)
 
     async def ask():
-        api = client.client(spec, 1)
-        async with api:
-            return await client.request(api, {**spec, "api": api_name}, body, "the probe request")
+        session = client.client(spec, 1)
+        async with session:
+            return await client.request(session, {**spec, "api": api.name}, body, "the probe request")
 
     answer = asyncio.run(ask())
-    choice = answer.body["choices"][0]
-    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
-    if api_name == "chat":  # each step's alternatives, as {"token": ..., "logprob": ...}
-        steps = logprobs.get("content") if isinstance(logprobs, dict) else None
-        tops = [{t.get("token"): t.get("logprob") for t in step.get("top_logprobs") or [] if isinstance(t, dict)}
-                for step in steps if isinstance(step, dict)] if isinstance(steps, list) else None
-    else:
-        tops = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
-    values = [v for top in tops if isinstance(top, dict) for v in top.values()] if isinstance(tops, list) else []
+    try:
+        choice = api.parse(answer.body["choices"][0])
+    except protocol.Malformed as exc:
+        raise client.EndpointError(f"the probe request: {spec['url']} answered {exc}") from None
+    values = [value for step in choice.steps for _, value in step.alternatives]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
         raise client.EndpointError(f"the probe request: {spec['url']} answered top_logprobs that are not finite "
-                                   f"numbers: {excerpt(tops)}")
+                                   f"numbers: {excerpt([dict(step.alternatives) for step in choice.steps])}")
     return "raw_logits" if any(v > 0 for v in values) else "logprobs"
 
 

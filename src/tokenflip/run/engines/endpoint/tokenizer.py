@@ -27,7 +27,7 @@ UNSPELLED_ALLOWED = 0.25
 def server_ids(spec: dict[str, Any], text: str, timeout: float = 10.0) -> tuple[list[int] | None, str]:
     """The server's own ids of `text` and the route that gave them, or (None, why none did)."""
     from tokenflip.core.bounded_http import fetch_json
-    from tokenflip.models.served_routes import families, root_url, token_ids
+    from tokenflip.models.servers import families, root_url, token_ids
     from tokenflip.models.served_tokenizer import headers
 
     tried = []
