@@ -128,6 +128,19 @@ def test_llama_cpp_servers_repetition_penalty_is_asked_off_and_where_asked_for_i
         chose_below = step < len(mine["token_ids"]) and mine["token_ids"][step] != mine["top_ids"][step][0]
         assert (row["cause"] == "unexplained") == chose_below, row
         assert row["cause"] in ("unexplained", "exact tie", "no logits", "ended"), row
+    # The verdict over such a cell names the server's default beside its own words, unchanged.
+    from tokenflip.analysis.summary import with_server_defaults
+
+    ids = {e: c.id for e, c in cells.items()}
+    words = "changes outputs: 2 of 2 prompts parted"
+    (row,) = with_server_defaults([{"cell_a": ids["transformers"], "cell_b": ids["penalised"], "verdict_words": words}],
+                                  {ids["transformers"]: {}, ids["penalised"]: meta, "neutral": neutral})
+    assert row["server_defaults"] == (f"{ids['penalised']} (llama.cpp) chose a token below its own top score at "
+                                      f"temperature 0 in {found['prompts']} of 2 prompts")
+    assert row["verdict_words"].startswith(words + " — server defaults differ: " + row["server_defaults"])
+    (plain,) = with_server_defaults([{"cell_a": ids["transformers"], "cell_b": "neutral", "verdict_words": words}],
+                                    {"neutral": neutral})
+    assert plain["server_defaults"] is None and plain["verdict_words"] == words
     # on this server both arithmetic prompts part at step 19, where the penalty first acts
     assert any(r["cause"] == "unexplained" for r in parted)
 
@@ -691,33 +704,42 @@ def test_the_documented_ci_recipe_runs_from_the_built_wheel_outside_the_checkout
     shutil.copytree(REPO / "src", build / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, build / name)
-    job, site, shims = tmp_path / "ci-job", tmp_path / "site", tmp_path / "shims"
+    job, venv, shims = tmp_path / "ci-job", tmp_path / "venv", tmp_path / "shims"
     for folder in (job, shims):
         folder.mkdir()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
                     str(job), str(build)], check=True, timeout=600, capture_output=True)
     wheel = next(job.glob("tokenflip-*.whl"))
+    import sysconfig
     import zipfile
 
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert {"tokenflip/workflow/Snakefile", "tokenflip/workflow/rules/generate.smk",
             "tokenflip/workflow/profiles/default/config.yaml"} <= shipped
-    # `pip` of the recipe installs into a folder of its own (the test's environment holds the
-    # dependencies; the checkout's editable install is never what runs: PYTHONPATH comes first).
-    (shims / "pip").write_text(f'#!/bin/sh\nshift\nexec {sys.executable} -m pip install --quiet --no-deps '
-                               f'--no-index --target {site} "$@"\n')
+    # A fresh virtual environment, as a CI image makes one. Its dependencies are the test
+    # environment's, read from its site-packages as a plain path (no .pth of it runs, so the
+    # checkout's editable install is not on the path); `pip` of the recipe installs the wheel
+    # into the fresh environment offline, its dependencies being there already.
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600, capture_output=True)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], check=True, capture_output=True, text=True).stdout.strip())
+    (site / "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (shims / "pip").write_text(f'#!/bin/sh\nshift\nexec {venv}/bin/python -m pip install --quiet --no-deps '
+                               f'--no-index "$@"\n')
     (shims / "pip").chmod(0o755)
-    env = {**os.environ, "PATH": f"{shims}:{site / 'bin'}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-           "PYTHONPATH": str(site), "ENDPOINT_URL": servers["llama_two_threads"], "MODEL": NAME,
-           "ENDPOINT_KEY": SECOND_KEY, "GATE": "0.9", "PROMPTS": "4", "MAX_TOKENS": "8"}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+           "PATH": f"{shims}:{venv / 'bin'}:{os.environ['PATH']}", "ENDPOINT_URL": servers["llama_two_threads"],
+           "MODEL": NAME, "ENDPOINT_KEY": SECOND_KEY, "GATE": "0.9", "PROMPTS": "4", "MAX_TOKENS": "8"}
     proc = subprocess.run(["bash", "-c", _ci_recipe()], cwd=job, env=env, capture_output=True, text=True,
                           timeout=1800)
-    where = subprocess.run([sys.executable, "-c", "import tokenflip; print(tokenflip.__file__)"], cwd=job, env=env,
+    python = str(venv / "bin" / "python")
+    where = subprocess.run([python, "-c", "import tokenflip; print(tokenflip.__file__)"], cwd=job, env=env,
                            capture_output=True, text=True).stdout
     assert where.startswith(str(site)), where
+    assert (venv / "bin" / "tokenflip").is_file()  # the console script the recipe ran
     assert f"Snakefile: {site}/tokenflip/workflow/Snakefile" in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert proc.returncode in (0, 1, 3), proc.stderr[-3000:]
-    gate = subprocess.run([sys.executable, "-m", "tokenflip", "gate", "results/deploy-check"], cwd=job, env=env,
+    gate = subprocess.run([python, "-m", "tokenflip", "gate", "results/deploy-check"], cwd=job, env=env,
                           capture_output=True, text=True, timeout=600)
     assert gate.returncode == proc.returncode, gate.stderr
     assert (job / "results" / "deploy-check" / "gate.junit.xml").is_file()

@@ -326,6 +326,24 @@ def environment_rows(cell_metas: dict[str, dict]) -> list[dict[str, Any]]:
     return rows
 
 
+def with_server_defaults(rows: list[dict], metas: dict[str, dict]) -> list[dict]:
+    """Each pair row with `server_defaults`: what either cell's server did at temperature 0
+    beyond its numerics (`endpoint.server.server_defaults`), also said in the verdict's words
+    ("server defaults differ"), so that a parting a server's own penalty made does not read
+    as a numerical difference. The verdict itself is the decision rule's, unchanged."""
+    from tokenflip.run.engines.endpoint.server import server_defaults
+
+    out = []
+    for row in rows:
+        said = [w for cell in (row["cell_a"], row["cell_b"]) if (w := server_defaults(cell, metas.get(cell) or {}))]
+        row = {**row, "server_defaults": "; ".join(said) or None}
+        if said and row.get("verdict_words"):
+            row["verdict_words"] += (f" — server defaults differ: {'; '.join(said)} (a penalty or bias applied after "
+                                     f"its scores), so the parting may be the server's sampling, not numerics")
+        out.append(row)
+    return out
+
+
 def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.DataFrame], Checked]:
     """Every summary table of the run, and what was refused."""
     checked = Checked()
@@ -339,8 +357,8 @@ def collect(config: dict[str, Any], layout: RunLayout) -> tuple[dict[str, pd.Dat
     diverged = texts.diverged_frame(planned_pairs, first_div, layout, metas, checked.refuse)
     frames = {
         "cells": cells_df,
-        "pairs": pd.DataFrame(verdict_rows(config, pairs, per_prompt, planned_pairs,
-                                           stopped_at_budget(config, layout))),
+        "pairs": pd.DataFrame(with_server_defaults(verdict_rows(config, pairs, per_prompt, planned_pairs,
+                                                                stopped_at_budget(config, layout)), metas)),
         "first_divergence": first_div,
         "still_identical": pd.DataFrame(still_identical_rows(planned_pairs, per_prompt),
                                         columns=STILL_IDENTICAL_COLUMNS),

@@ -290,6 +290,20 @@ def findings(items, reads, decoding: dict[str, Any], answers, prompts: list[list
     }
 
 
+def server_defaults(cell_id: str, meta: dict[str, Any]) -> str | None:
+    """What a greedy endpoint cell's server did beyond its numerics, in a clause a verdict
+    carries (None if nothing): the prompts where it chose a token below its own top score
+    at temperature 0, a default of the server's (a repetition penalty, a logit bias)
+    applied after the scores it reports."""
+    off_top = ((meta.get("findings") or {}).get("not_top_choice") or {}).get("prompts") or 0
+    if not off_top:
+        return None
+    server = (meta.get("engine") or {}).get("server_kind") or "the server"
+    prompts = (meta.get("observed") or {}).get("prompts")
+    return (f"{cell_id} ({server}) chose a token below its own top score at temperature 0 in {off_top}"
+            + (f" of {prompts}" if prompts else "") + " prompts")
+
+
 def summary_columns(meta: dict[str, Any]) -> dict[str, Any]:
     """A cell's endpoint figures for the summary's cells table (None for other engines): what
     the client held in flight, what the scores are, where ids came from, whose chat template
