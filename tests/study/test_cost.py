@@ -4,6 +4,7 @@ figures are counted by hand."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -175,6 +176,24 @@ def test_the_default_costs_what_its_config_says(tmp_path):
                              "summarize": 1, "report": 1}
     assert cost["generate"]["prompts"] == 4 * 72
     assert cost["generate"]["generated_tokens"] == 4 * 72 * 32
+
+
+def test_the_jobs_of_one_load_setting_pay_its_load_once_where_loads_are_shared(tmp_path):
+    """The default's 4 cells load one model in one setting (fp32, default attention): with
+    shared loads (a run here) the load is paid once, each other job its start alone; with
+    sharing off (TOKENFLIP_SHARE_LOADS=0, a cluster job) every job pays it, 3 loads more of
+    134,515,008 fp32 parameters at the GPU's load rate."""
+    args = ("--config", str(REPO / "config" / "config.yaml"), "--cost", "--json", "--root", str(tmp_path))
+    shared = json.loads(_plan(*args).stdout)
+    env = {**os.environ, "TOKENFLIP_SHARE_LOADS": "0"}
+    apart = json.loads(subprocess.run([sys.executable, "-m", "tokenflip", "plan", *args], capture_output=True,
+                                      text=True, timeout=300, cwd=REPO, env=env).stdout)
+    assert shared["loads"] == {"shared": True, "loads": 1} and apart["loads"] == {"shared": False, "loads": 4}
+    load = 134515008 * 4 / (shared["device"]["load_gbs"] * 1e9)
+    assert apart["total_seconds"] - shared["total_seconds"] == pytest.approx(3 * load)
+    assert sorted(apart["per_cell"].values())[0] - sorted(shared["per_cell"].values())[0] == pytest.approx(load)
+    text = _plan(*args[:-3], "--root", str(tmp_path)).stdout
+    assert "model loads for the 4 transformers cells: 1 (the cells of one load setting share a warm process" in text
 
 
 def test_the_tour_costs_what_its_config_says(tmp_path):

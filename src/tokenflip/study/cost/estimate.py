@@ -135,10 +135,16 @@ def _lengths(config, device: Device, model: str, bench: str, rows: int, root, gi
 
 
 def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
-               prompt_tokens: dict[str, float] | None = None) -> dict[str, Any]:
+               prompt_tokens: dict[str, float] | None = None, shared_loads: bool | None = None) -> dict[str, Any]:
     """Per rule, per cell and in total: jobs, prompts, tokens, positions, weight bytes and
-    device seconds; with where each input figure came from."""
-    from tokenflip.study.plan import expand_cells, expand_pairs, probe_targets
+    device seconds; with where each input figure came from. `shared_loads` (default: as a
+    run here would, `run.shared_loads.enabled`): the generation jobs of one load setting
+    pay its load once, each other one only its start."""
+    from tokenflip.run import shared_loads as sharing
+    from tokenflip.study.plan import expand_cells, expand_pairs, load_settings, probe_targets
+
+    shared = sharing.enabled() if shared_loads is None else shared_loads
+    loaded: set[tuple[str, ...]] = set()
 
     given = prompt_tokens or {}
     models_dir = Path(root or ".") / MODELS_DIR
@@ -177,7 +183,11 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
                                                   cell.batch_size * (limit * length + limit * (limit - 1) / 2))
                 if size is not None:
                     steps = int(expected_steps(device, cell.model, cell.benchmark, cell.batch_size, limit))
-                    figures["seconds"] = device.job_seconds(cell.model, size, cell.precision) + \
+                    load = load_settings(cell) if shared else None
+                    fixed = device.start_seconds() if load in loaded else device.job_seconds(
+                        cell.model, size, cell.precision)
+                    loaded |= {load} - {None}
+                    figures["seconds"] = fixed + \
                         generation_seconds(device, cell.model, size, cell.precision, cell.cache == "on",
                                            cell.batch_size, batches, length, steps,
                                            config["interventions"][cell.intervention])
@@ -206,7 +216,9 @@ def study_cost(config: dict[str, Any], device: Device, root: str | None = None,
     if device.cpu:  # every job runs here: the CPU jobs' starts, the preparations and the scheduler itself
         other = start * (rules["prepare_model"] + rules["check_prompts"] + rules["compare"] + 3) + sum(
             device.cpu.prepare_s.values())
-    return {"rules": rules, "generate": total, "per_model": per_model, "per_cell": per_cell,
+    loads = {"shared": shared, "loads": len(loaded) + sum(1 for c in cells if c.engine not in cpu_cells
+                                                           and (not shared or load_settings(c) is None))}
+    return {"rules": rules, "generate": total, "per_model": per_model, "per_cell": per_cell, "loads": loads,
             "probes": {"jobs": len(probes), "seconds": probe_total, "per_job": probe_rows},
             "other_jobs_seconds": other, "total_seconds": total["seconds"] + probe_total + other,
             "unknown": sorted(unknown), "cpu_cells": dict(sorted(cpu_cells.items())),
@@ -318,6 +330,13 @@ def format_cost(cost: dict[str, Any]) -> str:
     lines.append(f"per cell ({'all' if shown is priced else f'the {len(shown)} longest of {len(priced)}'}), "
                  f"{hours}:")
     lines += [f"  {cell}: {_hours(s)}" for s, cell in shown]
+    loads = cost.get("loads") or {}
+    if loads:
+        lines.append(f"model loads for the {cost['rules']['generate'] - sum(cost.get('cpu_cells', {}).values())} "
+                     f"transformers cells: {loads['loads']}" + (
+                         " (the cells of one load setting share a warm process, each paying its start alone; more "
+                         "loads where they run side by side)" if loads["shared"] else
+                         " (one a job: sharing is off, TOKENFLIP_SHARE_LOADS=0 or a cluster job)"))
     lines.append(f"probe jobs ({cost['probes']['jobs']}): {_hours(cost['probes']['seconds'])} {hours}")
     if d["kind"] == "cpu":
         lines.append(f"other jobs and the scheduler: {_hours(cost['other_jobs_seconds'])} {hours}")

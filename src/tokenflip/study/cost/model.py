@@ -109,6 +109,11 @@ class Device:
         return max(size.head * BYTES["fp32"] / (self.bandwidth_gbs * 1e9),
                    2 * size.head * rows * FP32_SLOWDOWN / (self.tflops * 1e12), self.overhead(rows))
 
+    def start_seconds(self) -> float:
+        """A job's start alone: what a generation job costs that hands itself to a warm
+        process already holding its model's load (`run.shared_loads`)."""
+        return self.cpu.job_start_s if self.cpu else self.job_start_s
+
     def job_seconds(self, model: str, size: ModelSize | None, precision: str) -> float:
         """A generation or probe job's fixed part: its start and the model's load."""
         if self.cpu:
