@@ -100,10 +100,14 @@ def test_compare_known_divergence(tmp_path):
     assert rows["p0"]["cause"] is None
     s = meta["summary"]
     assert (s["n_prompts"], s["n_diverged"], s["n_logit_diff_before_div"]) == (3, 1, 2)
+    # The interval and the paired test are the run summary's, from the same per-prompt table
+    # (a comparison job does not import statsmodels for them).
+    assert not {"divergence_ci_low", "divergence_ci_high", "mcnemar_p"} & set(s)
+    full = compare.summarize(pq.read_table(tmp_path / "pair.parquet"))
     lo, hi = stats.wilson(1, 3)
-    assert (s["divergence_ci_low"], s["divergence_ci_high"]) == (lo, hi)
+    assert (full["divergence_ci_low"], full["divergence_ci_high"]) == (lo, hi) and full["mcnemar_p"] == 1.0
+    assert {k: v for k, v in full.items() if k in s} == s
     assert s["accuracy_a"] == 1.0 and s["accuracy_b"] == pytest.approx(2 / 3)
-    assert s["mcnemar_p"] == 1.0
     assert s["semantic_agreement"] == pytest.approx(2 / 3)
     assert (s["n_drift"], s["n_near_tie"], s["n_rejoined"], s["n_answer_differs"]) == (1, 0, 0, 1)
 

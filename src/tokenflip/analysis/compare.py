@@ -176,13 +176,16 @@ def compare_tables(a: pa.Table, b: pa.Table, k: int, logits: bool = True, precis
     return pa.table(rows)
 
 
-def summarize(per_prompt: pa.Table) -> dict[str, Any]:
+def summarize(per_prompt: pa.Table, tests: bool = True) -> dict[str, Any]:
     """Pair-level numbers: divergence rate with a Wilson 95% interval, first-divergence
-    steps, logit drift, accuracy of both sides and an exact McNemar test."""
+    steps, logit drift, accuracy of both sides and an exact McNemar test. `tests=False`
+    (a comparison job's own file): without the interval and the test, which the run's
+    summary derives from the per-prompt table in one process (statsmodels takes two seconds
+    of CPU to import, more than the rest of a comparison)."""
     df = per_prompt.to_pandas()
     n = len(df)
     diverged = int((~df["identical"]).sum())
-    lo, hi = statistics.wilson(diverged, n)
+    lo, hi = statistics.wilson(diverged, n) if tests else (None, None)
     first = df["first_div_step"].dropna()
     # A prompt that either side could not score (a sandbox failure: `correct` is null) is
     # counted apart, and left out of the accuracies and the paired test.
@@ -211,7 +214,7 @@ def summarize(per_prompt: pa.Table) -> dict[str, Any]:
         "n_unscored": n - n_scored,
         "accuracy_a": float(acc_a.mean()) if n_scored else float("nan"),
         "accuracy_b": float(acc_b.mean()) if n_scored else float("nan"),
-        "mcnemar_p": statistics.mcnemar_exact(acc_a.to_numpy(), acc_b.to_numpy()),
+        "mcnemar_p": statistics.mcnemar_exact(acc_a.to_numpy(), acc_b.to_numpy()) if tests else None,
         "semantic_agreement": float(df["same_answer"].mean()) if n else float("nan"),
         "exact_agreement": (n - diverged) / n if n else float("nan"),
         "mean_margin_at_div": float(df["margin_a_at_div"].mean()) if diverged else float("nan"),
@@ -296,7 +299,7 @@ def compare_files(pair: Pair, path_a: str | Path, path_b: str | Path, out_path: 
     precisions = (causes.logits_precision(meta_a), causes.logits_precision(meta_b)) \
         if kinds == ("raw_logits", "raw_logits") else None
     per_prompt = compare_tables(table_a, table_b, k, logits=same_kind, precisions=precisions, greedy=greedy)
-    summary = summarize(per_prompt)
+    summary = {k: v for k, v in summarize(per_prompt, tests=False).items() if v is not None}
     metadata = {
         "kind": "pair",
         "pair": {"id": pair.id, "label": pair.label, "axis": pair.axis,

@@ -96,9 +96,8 @@ def cmd_compare(args) -> None:
         pair = Pair(axes[0], a, b)
     meta = compare_files(pair, args.a, args.b, args.out)
     s = meta["summary"]
-    print(f"{pair.label}: {s['n_diverged']}/{s['n_prompts']} prompts diverged "
-          f"({100 * s['divergence_rate']:.1f}%, 95% CI {100 * s['divergence_ci_low']:.1f}-"
-          f"{100 * s['divergence_ci_high']:.1f}%)")
+    # The interval and the verdict are the run's summary's (`tokenflip summarize`), made in one process.
+    print(f"{pair.label}: {s['n_diverged']}/{s['n_prompts']} prompts diverged ({100 * s['divergence_rate']:.1f}%)")
 
 
 def _config(args, check_data: bool = True):

@@ -291,7 +291,12 @@ def read_table(path: str | Path, columns: list[str] | None = None,
     if kind is not None and meta.get("kind") != kind:
         raise StorageError(f"{path}: a {meta.get('kind')!r} file, expected a {kind!r} file")
     try:
-        table = pq.read_table(path, columns=columns, page_checksum_verification=True)
+        # The file read alone (not pyarrow's datasets, which a job would import for half a second).
+        parquet = pq.ParquetFile(path, page_checksum_verification=True)
+        absent = [c for c in columns or [] if c not in parquet.schema_arrow.names]
+        if absent:  # a missing column is an error here (ParquetFile.read would leave it out)
+            raise pa.ArrowInvalid(f"no column {absent[0]!r}")
+        table = parquet.read(columns=columns)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StorageError(f"{path}: corrupt or truncated Parquet file ({type(exc).__name__}: {exc})") from None
     if columns is None:
