@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Family", "Server", "SERVERS", "server", "families", "root_url", "token_ids"]
+__all__ = ["Family", "ServerProfile", "SERVERS", "server", "families", "root_url", "token_ids"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ ALL_ROUTES = (VLLM_ROUTES, LLAMA_CPP_PYTHON_ROUTES, LLAMA_CPP_ROUTES, TGI_ROUTES
 
 
 @dataclass(frozen=True)
-class Server:
+class ServerProfile:
     """One server kind (an endpoint entry's `server:`)."""
 
     name: str
@@ -58,23 +58,23 @@ class Server:
 
 
 SERVERS = {s.name: s for s in (
-    Server("vllm", ("vllm",), True,
-           lambda eos: {"return_token_ids": True, "return_tokens_as_token_ids": True, "stop_token_ids": eos},
-           cache_salt="cache_salt", top_k=True, routes=(VLLM_ROUTES,)),
-    Server("sglang", ("sglang",), True, lambda eos: {"return_token_ids": True, "stop_token_ids": eos},
-           top_k=True, routes=(VLLM_ROUTES,)),
-    Server("tgi", ("tgi",), top_k=True, routes=(TGI_ROUTES,)),
+    ServerProfile("vllm", ("vllm",), True,
+                  lambda eos: {"return_token_ids": True, "return_tokens_as_token_ids": True, "stop_token_ids": eos},
+                  cache_salt="cache_salt", top_k=True, routes=(VLLM_ROUTES,)),
+    ServerProfile("sglang", ("sglang",), True, lambda eos: {"return_token_ids": True, "stop_token_ids": eos},
+                  top_k=True, routes=(VLLM_ROUTES,)),
+    ServerProfile("tgi", ("tgi",), top_k=True, routes=(TGI_ROUTES,)),
     # llama.cpp's servers apply a repetition penalty of 1.1 by default, at temperature 0 too,
     # after the logprobs they report: asked neutral, so that a cell measures numerics, not a
     # server default (an endpoint's `extra_body: {repeat_penalty: 1.1}` asks for it again).
-    Server("llama.cpp", ("me", "llamacpp", "llama.cpp"), neutral={"repeat_penalty": 1.0}, top_k=True,
-           routes=(LLAMA_CPP_PYTHON_ROUTES, LLAMA_CPP_ROUTES)),
-    Server("ollama", ("ollama", "library"), top_k=True),
-    Server("openai"),  # any other: OpenAI's API as written, every tokenizer route tried
+    ServerProfile("llama.cpp", ("me", "llamacpp", "llama.cpp"), neutral={"repeat_penalty": 1.0}, top_k=True,
+                  routes=(LLAMA_CPP_PYTHON_ROUTES, LLAMA_CPP_ROUTES)),
+    ServerProfile("ollama", ("ollama", "library"), top_k=True),
+    ServerProfile("openai"),  # any other: OpenAI's API as written, every tokenizer route tried
 )}
 
 
-def server(kind: str | None) -> Server:
+def server(kind: str | None) -> ServerProfile:
     """The profile of server kind `kind` (an unknown or unset kind: OpenAI's API as written)."""
     return SERVERS.get(kind or "openai", SERVERS["openai"])
 
