@@ -12,11 +12,23 @@ SCHEDULER_VARIABLE = "TOKENFLIP_SCHEDULER"
 ORPHANED_EXIT = 75
 
 
-def _start_time(pid: int) -> str | None:
+def _start_time(pid: int | str) -> str | None:
+    """When process `pid` ("self": this one) started, in clock ticks since boot, as the kernel
+    records it (None where it cannot be read): with the pid, it names one process for good."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             return fh.read().rsplit(b")", 1)[1].split()[19].decode()
     except (OSError, IndexError):
+        return None
+
+
+def process_age(pid: int | str = "self") -> float | None:
+    """Wall seconds since process `pid` started (None where the kernel's record cannot be read)."""
+    started = _start_time(pid)
+    try:
+        with open("/proc/uptime") as fh:
+            return max(0.0, float(fh.read().split()[0]) - int(started) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, TypeError, IndexError):
         return None
 
 

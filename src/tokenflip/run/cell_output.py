@@ -122,15 +122,10 @@ def process_seconds() -> float:
     """Wall seconds since the job's process started, its interpreter's start and model load
     included (what a job of this cell cost; a round's time budget adds them up), from the
     kernel's record of the process; since this module was imported where there is none."""
-    import os
+    from tokenflip.core.scheduler import process_age
 
-    try:
-        with open(f"/proc/{JOB_PROCESS or 'self'}/stat") as fh:
-            started = int(fh.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-        with open("/proc/uptime") as fh:
-            return max(0.0, float(fh.read().split()[0]) - started)
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED
+    age = process_age(JOB_PROCESS or "self")
+    return time.perf_counter() - _IMPORTED if age is None else age
 
 
 _IMPORTED = time.perf_counter()
