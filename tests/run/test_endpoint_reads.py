@@ -117,3 +117,18 @@ def test_a_shape_neither_api_has_is_named(api, choice, why):
     with pytest.raises(Malformed) as caught:
         api.parse(choice)
     assert str(caught.value) == why
+
+
+def test_end_ids_learned_from_a_servers_answers_leave_its_texts():
+    """A served tokenizer whose server names no end token learns the ids its answers stopped
+    at: decoded with special tokens skipped, an answer that is only its end id is empty (no
+    request needed), and the tokenizer says where its end id came from."""
+    from tokenflip.models.served_tokenizer import ServedTokenizer
+
+    tokenizer = ServedTokenizer({"url": "http://127.0.0.1:9/v1", "model": "m"},
+                                {"family": "vllm", "added_ids": [], "chat": "messages"})
+    assert tokenizer.eos_token_id is None and tokenizer.all_special_ids == []
+    tokenizer.learn_end_ids({2, 7}, "the last id of each answer the server stopped")
+    assert tokenizer.eos_token_id == 2 and tokenizer.all_special_ids == [2, 7]
+    assert tokenizer.info["eos_from"] == "the last id of each answer the server stopped"
+    assert tokenizer.decode([2, 7], skip_special_tokens=True) == ""
