@@ -35,6 +35,10 @@ pytestmark = pytest.mark.skipif(unavailable(LLAMA_CPP) is not None and not os.en
 
 K = 8
 BENCH = {"kind": "onestep", "n": 4, "seed": 0, "shots": 3, "max_new_tokens": 8}
+# What a fault needs: the prompts its check reads (one; two where an answer is judged
+# against the others), each short, so that each case is a few seconds of the server's time.
+def short_bench(n: int = 1) -> dict:
+    return {"steps": {"kind": "onestep", "n": n, "seed": 0, "shots": 0, "max_new_tokens": 8}}
 NAME = "smollm2"
 SECOND_KEY = "second-deployment-key"
 
@@ -157,7 +161,8 @@ def proxy(servers):
 
 
 def test_transient_faults_are_retried_and_the_cell_is_whole(servers, proxy, tmp_path):
-    config = _config(servers, faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp", "retries": 4})
+    config = _config(servers, short_bench(4), faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp",
+                                                      "retries": 4})
     proxy.script = [("status", 503), ("status", 429, 0), "malformed", "drop"]
     table, meta = _cell(config, servers, tmp_path, "faulty")
     assert table.num_rows == BENCH["n"]
@@ -243,8 +248,8 @@ def test_a_quietly_hostile_answer_is_refused_in_one_line(servers, proxy, tmp_pat
     fault, message = QUIET_HOSTILE_ANSWERS[case]
     key = "sk-tfcanary-8f1d2c9e7a6b5d4c3b2a"
     monkeypatch.setenv("FAULTY_API_KEY", key)
-    config = _config(servers, faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp", "retries": 0,
-                                      "api_key_env": "FAULTY_API_KEY"})
+    config = _config(servers, short_bench(2), faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp",
+                                                      "retries": 0, "api_key_env": "FAULTY_API_KEY"})
     proxy.script = [fault]
     cell = Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine="faulty")
     out = tmp_path / "cell.parquet"
@@ -258,7 +263,8 @@ def test_a_quietly_hostile_answer_is_refused_in_one_line(servers, proxy, tmp_pat
 @pytest.mark.parametrize("case", list(HOSTILE_ANSWERS))
 def test_an_answer_no_server_should_give_fails_the_cell_naming_the_request(servers, proxy, tmp_path, case):
     rewrite, message = HOSTILE_ANSWERS[case]
-    config = _config(servers, faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp", "retries": 0})
+    config = _config(servers, short_bench(), faulty={"url": proxy.url, "model": NAME, "server": "llama.cpp",
+                                                     "retries": 0})
     proxy.script = [("rewrite", rewrite)]
     cell = Cell("smollm2", "steps", "fp32", "on", 1, "greedy", "none", engine="faulty")
     out = tmp_path / "cell.parquet"
