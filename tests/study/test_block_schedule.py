@@ -79,3 +79,23 @@ def test_the_schema_and_the_command_line_take_the_same_budgets():
     from tokenflip.study.rounds import BUDGET_PATTERN
 
     assert cfg.schema()["properties"]["rounds"]["properties"]["budget"]["pattern"] == BUDGET_PATTERN
+
+
+@pytest.mark.parametrize("budget, prompts, fits", [("10 min", 150, "within it"), ("2 min", 30, "beyond it")])
+def test_the_cost_estimate_says_what_the_budget_is_expected_to_decide(budget, prompts, fits):
+    """The default's 4 judged cells (the two comparisons' and their floor's) priced at 72 s
+    for 72 prompts each: 4 s a prompt together, so 600 s buy 150 prompts a cell, past the 68
+    a comparison that parts on none needs and the 77 of "changes outputs" at even odds; 120 s
+    buy 30, short of both."""
+    from conftest import REPO
+    from tokenflip.analysis.power import budget_lines
+    from tokenflip.study.plan import expand_pairs
+
+    config = cfg.read_yaml(REPO / "config" / "config.yaml")
+    config["rounds"] = {"budget": budget}
+    config = cfg.validate(config, check_data=False)
+    cells = expand_cells(config)
+    (line,) = budget_lines(config, expand_pairs(config, cells), {c.id: 72.0 for c in cells}, "GPU")
+    assert line.startswith(f"rounds.budget {budget} ") and f"about {prompts} prompts a judged cell (4 cells, 4 s a " \
+        f"prompt together" in line, line
+    assert f'"within ±10%" after 68 prompts ({fits})' in line and f"at even odds after 77 prompts ({fits})" in line

@@ -69,3 +69,33 @@ def power_lines(config: dict[str, Any], pairs) -> list[str]:
 
 def _about(n: int | None) -> str:
     return f"{n} prompts" if n else "more than 100,000 prompts"
+
+
+def budget_lines(config: dict[str, Any], pairs, per_cell: dict[str, float | None], hours: str) -> list[str]:
+    """What a study's time budget (`rounds.budget`) is expected to decide on the device the
+    cost model priced (`plan --cost`): the prompts a judged cell gets when every judged cell
+    takes each block (its priced seconds over its prompts, so a load counts again in each:
+    the estimate errs short), against the prompts a verdict needs (`power_lines`' figures)."""
+    from tokenflip.analysis.decision import prompts_needed
+    from tokenflip.analysis.rounds import judged_pairs
+    from tokenflip.study.rounds import budget_seconds
+
+    budget = budget_seconds(config)
+    judged = judged_pairs(pairs)  # (comparison, its floors)
+    cells = {c.id: c for pair, floors in judged for p in (pair, *floors) for c in (p.a, p.b)}
+    rates = [per_cell.get(cid) / n for cid, cell in cells.items()
+             if per_cell.get(cid) and (n := (config["benchmarks"][cell.benchmark].get("n") or 0))]
+    if budget is None or not rates or len(rates) < len(cells):
+        return [] if budget is None else [f"rounds.budget {config['rounds']['budget']}: not priced here (a judged "
+                                          f"cell of another engine, or a benchmark without `n`)"]
+    affordable = int(budget / sum(rates))
+    margin = config["verdict"]["margin"]
+    levels = {"margin": margin, "intervals": len(pairs), "judged": max(1, len(judged))}
+    need_level = prompts_needed(0.0, 0.0, "within", **levels)
+    need_change = prompts_needed((config.get("verdict") or {}).get("rise") or RISE, 0.0, "changes", **levels)
+    fits = lambda n: "within it" if n and n <= affordable else "beyond it"  # noqa: E731
+    return [f"rounds.budget {config['rounds']['budget']} ({budget:g} s) on this device: about {affordable} prompts a "
+            f"judged cell ({len(cells)} cells, {sum(rates):.3g} s a prompt together at the priced figures, in "
+            f"{hours} seconds); a comparison that parts on none is decided \"within ±{margin:.0%}\" after "
+            f"{_about(need_level)} ({fits(need_level)}), one that parts on {RISE:.0%} more prompts than its floor "
+            f"\"changes outputs\" at even odds after {_about(need_change)} ({fits(need_change)})"]

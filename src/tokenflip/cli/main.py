@@ -206,7 +206,15 @@ def cmd_plan(args) -> None:
 
         cost = price(config, args.device, args.bandwidth_gbs, args.tflops, args.calibration, args.root,
                      dict(pair for group in args.prompt_tokens or [] for pair in group))
-        print(json.dumps(cost, indent=2, sort_keys=True, default=str) if args.json else format_cost(cost))
+        if args.json:
+            print(json.dumps(cost, indent=2, sort_keys=True, default=str))
+            return
+        from tokenflip.analysis.power import budget_lines
+
+        print(format_cost(cost))
+        hours = "CPU" if cost["device"]["kind"] == "cpu" else "GPU"
+        for line in budget_lines(config, expand_pairs(config, expand_cells(config)), cost["per_cell"], hours):
+            print(line)
         return
     cells = expand_cells(config)
     pairs = expand_pairs(config, cells)
