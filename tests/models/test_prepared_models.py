@@ -90,7 +90,7 @@ SMOLLM2_PREPARED = {
 
 
 def test_a_gguf_read_once_prepares_the_files_transformers_makes_alone(prepared_models):
-    """Preparing a GGUF parses it once (`prepare._gguf_read_once`), not three times: every
+    """Preparing a GGUF parses it once (`gguf_files.read_once`), not three times: every
     file it writes is the one transformers writes on its own, byte for byte."""
     files = read_manifest(prepared_models("smollm2"))["files"]
     assert {name: files[name] for name in SMOLLM2_PREPARED} == SMOLLM2_PREPARED

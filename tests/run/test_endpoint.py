@@ -559,13 +559,13 @@ def test_audit_refuses_a_tokenizer_that_is_not_the_served_models_before_any_job(
 def test_audit_of_a_server_whose_scores_are_no_numbers_ends_in_one_line_before_any_job(servers, proxy, tmp_path):
     """What `tokenflip audit` asks a server before it writes the study (what it is, what its
     scores are) is checked as a cell's answers are: one line naming the URL."""
-    proxy.script = [("rewrite", _set(["logprobs", "top_logprobs"], lambda v: [{"x": "high"}]))]
+    proxy.script = [("rewrite", _set(["logprobs", "top_logprobs"], lambda v: [{"x": "high"} for _ in v]))]
     proc = subprocess.run([sys.executable, "-m", "tokenflip", "audit", proxy.url, "--model", NAME, "--server",
                            "llama.cpp"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last == (f"tokenflip audit: error: the probe request: {proxy.url} answered top_logprobs that are not "
-                    f"finite numbers: \"[{{'x': 'high'}}]\""), last
+                    f"finite numbers: \"[{{'x': 'high'}}, {{'x': 'high'}}]\""), last
     assert not (tmp_path / "audit-audit.yaml").exists() and not (tmp_path / "results").exists()
 
 
@@ -718,6 +718,7 @@ def test_the_documented_ci_recipe_runs_from_the_built_wheel_outside_the_checkout
     wheel = next(job.glob("tokenflip-*.whl"))
     import sysconfig
     import zipfile
+    from pathlib import Path
 
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert {"tokenflip/workflow/Snakefile", "tokenflip/workflow/rules/generate.smk",

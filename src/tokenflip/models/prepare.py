@@ -10,8 +10,6 @@ GGUF files (which transformers dequantises to fp32) and random models are stored
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import importlib.metadata
 import json
@@ -27,6 +25,7 @@ import torch
 
 from tokenflip.core import storage
 from tokenflip.models import ModelError  # noqa: F401 - raised here, and imported from here by callers
+from tokenflip.models.gguf_files import forget_quantization, read_once
 from tokenflip.models.served_tokenizer import FILE as SERVED_FILE
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -109,10 +108,10 @@ def build_model(spec: dict[str, Any]):
     source = spec["source"]
     if source == "gguf-package":
         path = package_file(spec["package"], spec["file"])
-        with _gguf_read_once():
+        with read_once():
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                          dtype=torch.float32)
-            return _forget_gguf_quantization(model), _load_tokenizer(spec)
+            return forget_quantization(model), _load_tokenizer(spec)
     if source == "hf":
         model = AutoModelForCausalLM.from_pretrained(
             spec["id"], revision=spec.get("revision"), dtype="auto",
@@ -140,43 +139,6 @@ def build_model(spec: dict[str, Any]):
             torch.random.set_rng_state(generator_state)
         return model, tokenizer
     raise ModelError(f"unknown model source {source!r}")
-
-
-@contextlib.contextmanager
-def _gguf_read_once():
-    """transformers parses a GGUF file three times to prepare one model (for its config, its
-    weights and its tokenizer), and builds gguf's tensor-name map once per module (397 times
-    for SmolLM2-135M): most of a conversion's CPU time. Within this block each is made once
-    per file, and per architecture and block count. Both are read-only, so the model and
-    tokenizer built from them are the library's own: the prepared SmolLM2's digests are
-    pinned in tests/models, made by transformers without this block."""
-    import gguf
-
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple, Any] = {}
-
-    def read_once(path, mode="r"):
-        key = (os.path.realpath(path), os.stat(path).st_mtime_ns, mode)
-        if key not in readers:
-            readers[key] = reader(path, mode)
-        return readers[key]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
-
-
-def _forget_gguf_quantization(model):
-    """transformers dequantises GGUF tensors to plain fp32 on load but keeps a GGUF
-    quantizer attached, which refuses to save. The weights are ordinary tensors: drop it."""
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    if getattr(model, "is_quantized", False):
-        model.is_quantized = False
-    return model
 
 
 def build_tokenizer_only(spec: dict[str, Any]):
