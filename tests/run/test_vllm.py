@@ -325,6 +325,17 @@ def test_vllms_chat_api_gives_the_completions_cell_and_records_how_the_server_wa
     assert settings["enable_prefix_caching"] == "False"  # started with --no-enable-prefix-caching
 
 
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_what_the_audit_asks_vllm_before_any_cell_it_answers_through_either_api(server, api):
+    """`tokenflip audit` asks a server what it is and what its scores are before it writes a
+    study: vLLM (started as `tokenflip serve vllm` starts it, raw logits) is named vLLM and its
+    scores raw logits through the API the cells will use, chat as completions."""
+    from tokenflip.run.engines.endpoint.server import scores_kind_of, server_kind_of
+
+    spec = {"url": server.url, "model": "smollm2", "api": api, "timeout_s": 60, "retries": 0}
+    assert server_kind_of(spec) == "vllm" and scores_kind_of(spec) == "raw_logits"
+
+
 def test_the_endpoint_client_holds_the_load_it_claims(study):
     _, cells = study
     four = cells["served_four"][1]["traffic"]
