@@ -263,3 +263,15 @@ def test_snakemake_options_that_start_with_a_dash_are_the_value_of_snakemake():
     args = build_parser().parse_args(attached_values(argv))
     assert args.snakemake == ["-p", "--keep-going"] and args.dry_run
     assert attached_values(["run", "c.yaml", "--snakemake"]) == ["run", "c.yaml", "--snakemake"]
+
+
+def test_every_refusal_a_command_ends_with_in_one_line_names_a_class_that_exists():
+    """`run_command` catches refusals by the classes of modules already imported (a light
+    command imports no heavy module to catch its errors): each name must stay a real class."""
+    import importlib
+
+    from tokenflip.cli.main import AUDIT_USAGE, REFUSALS
+
+    for module, name in REFUSALS:
+        assert issubclass(getattr(importlib.import_module(module), name), Exception), (module, name)
+    assert AUDIT_USAGE <= {name for _, name in REFUSALS}

@@ -324,9 +324,9 @@ def add_commands(sub) -> None:
                                                "host and port)")
     p.add_argument("--api", choices=["completions", "chat"], default="completions",
                    help="completions: prompts as ids or text; chat: messages, the server's own chat template")
-    from tokenflip.run.engines.endpoint.engine import SERVER_KINDS
+    from tokenflip.models.servers import SERVERS
 
-    p.add_argument("--server", choices=SERVER_KINDS,
+    p.add_argument("--server", choices=list(SERVERS),
                    help="which server it is (default: asked of the server)")
     p.add_argument("--api-key-env", help="the environment variable that holds the API key (never the key itself)")
     p.add_argument("--against", type=url, metavar="URL_B",

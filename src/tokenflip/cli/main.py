@@ -352,39 +352,44 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(args)
 
 
+# The refusals a command ends with in one line (module, class): checked against the modules
+# already imported (a class whose module was never imported raised nothing), so that a light
+# command (a comparison, a join) imports none of the heavy ones to catch their errors.
+REFUSALS = (("tokenflip.study.config", "ConfigError"), ("tokenflip.core.storage", "StorageError"),
+            ("tokenflip.analysis.compare", "ComparabilityError"), ("tokenflip.models", "ModelError"),
+            ("tokenflip.run.benchmarks.errors", "BenchmarkError"), ("tokenflip.core.specs", "JobSpecError"),
+            ("tokenflip.analysis", "ResultError"), ("tokenflip.run.runtime", "PromptFormatError"),
+            ("tokenflip.core.inputs", "InputError"), ("tokenflip.study.cost.model", "CostInputError"),
+            ("tokenflip.run.engines.endpoint.client", "EndpointError"),
+            ("tokenflip.run.engines.worker", "WorkerError"), ("tokenflip.run.engines.vllm_offline.support", "VllmError"),
+            ("tokenflip.models.served_tokenizer", "ServedTokenizerError"))
+# An audit's own refusals are usage errors (2); any other a deployment it cannot measure (4).
+AUDIT_USAGE = {"ConfigError", "InputError", "BenchmarkError"}
+
+
+def _refusal(exc: BaseException, names=None) -> bool:
+    """Whether `exc` is one of REFUSALS (of `names` among them, where given)."""
+    return any(isinstance(exc, getattr(sys.modules[module], name)) for module, name in REFUSALS
+               if module in sys.modules and (names is None or name in names))
+
+
 def run_command(args) -> int:
     """The command `args` names, its refusals as one line and an exit status."""
-    from tokenflip.analysis.compare import ComparabilityError
-    from tokenflip.analysis import ResultError
-    from tokenflip.core.specs import JobSpecError
-    from tokenflip.core.storage import StorageError
-    from tokenflip.models import ModelError
-    from tokenflip.models.served_tokenizer import ServedTokenizerError
-    from tokenflip.run.benchmarks import BenchmarkError
-    from tokenflip.run.engines.endpoint.client import EndpointError
-    from tokenflip.run.engines.vllm_offline.support import VllmError
-    from tokenflip.run.engines.worker import WorkerError
-    from tokenflip.run.runtime import PromptFormatError
-    from tokenflip.study.config import ConfigError
-    from tokenflip.study.cost.model import CostInputError
-
     try:
         check_paths(args)
         args.func(args)
-    except (ConfigError, StorageError, ComparabilityError, ModelError, BenchmarkError, JobSpecError,
-            ResultError, PromptFormatError, InputError, CostInputError, EndpointError, WorkerError, VllmError,
-            ServedTokenizerError) as exc:
-        print(f"tokenflip {args.command}: error: {redacted(str(exc))}", file=sys.stderr)
-        # An audit is a CI step: its own refusals are usage errors (2), a deployment it cannot
-        # measure 4 (docs/endpoints.md), never the gate's "fail" (1).
-        return getattr(exc, "exit_code", None) or (
-            (2 if isinstance(exc, (ConfigError, InputError, BenchmarkError)) else 4) if args.command == "audit" else 1)
-    except OSError as exc:  # a file that went away, a full disk, a name too long: one line, not a traceback
-        where = f"{shown(exc.filename)}: " if exc.filename is not None else ""
-        print(f"tokenflip {args.command}: error: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
-        return 4 if args.command == "audit" else 1
-    except Exception:  # noqa: BLE001 - a defect: its traceback, and for a CI step "not measured", never "fail"
-        if args.command != "audit":
+    except Exception as exc:  # noqa: BLE001 - sorted below: a refusal, a file's error, or a defect
+        if _refusal(exc):
+            print(f"tokenflip {args.command}: error: {redacted(str(exc))}", file=sys.stderr)
+            # An audit is a CI step: its own refusals are usage errors (2), a deployment it cannot
+            # measure 4 (docs/endpoints.md), never the gate's "fail" (1).
+            return getattr(exc, "exit_code", None) or (
+                (2 if _refusal(exc, AUDIT_USAGE) else 4) if args.command == "audit" else 1)
+        if isinstance(exc, OSError):  # a file that went away, a full disk, a name too long: one line
+            where = f"{shown(exc.filename)}: " if exc.filename is not None else ""
+            print(f"tokenflip {args.command}: error: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
+            return 4 if args.command == "audit" else 1
+        if args.command != "audit":  # a defect: its traceback, and for a CI step "not measured", never "fail"
             raise
         import traceback
 
