@@ -352,9 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(args)
 
 
-# The refusals a command ends with in one line (module, class): checked against the modules
-# already imported (a class whose module was never imported raised nothing), so that a light
-# command (a comparison, a join) imports none of the heavy ones to catch their errors.
+# The refusals a command ends with in one line (module, class), checked among the modules already
+# imported (none other raised anything): a comparison imports no heavy module to catch errors.
 REFUSALS = (("tokenflip.study.config", "ConfigError"), ("tokenflip.core.storage", "StorageError"),
             ("tokenflip.analysis.compare", "ComparabilityError"), ("tokenflip.models", "ModelError"),
             ("tokenflip.run.benchmarks.errors", "BenchmarkError"), ("tokenflip.core.specs", "JobSpecError"),
@@ -391,9 +390,7 @@ def run_command(args) -> int:
             return 4 if args.command == "audit" else 1
         if args.command != "audit":  # a defect: its traceback, and for a CI step "not measured", never "fail"
             raise
-        import traceback
-
-        traceback.print_exc()
+        __import__("traceback").print_exc()
         return 4
     return 0
 
