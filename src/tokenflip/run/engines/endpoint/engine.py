@@ -201,6 +201,8 @@ def decode_endpoint(engine: Endpoint, job, bench, model_dir) -> Decoded:
         bodies.append((f"endpoint {engine.name!r}, prompt {item.id!r}", body))
     background = server.background_prompts(job, tokenizer, as_ids, fields)
     identity = server.identity(spec)
+    if settings := server.start_settings(spec):  # a cell's record only: `server_kind_of` needs none
+        identity["start_settings"] = settings
     concurrency = 1 if cell.concurrency == "default" else int(cell.concurrency)
     primed = 0
     if cell.server_cache == "warm":  # each request once before the recorded one: its prefix is cached

@@ -151,8 +151,6 @@ def identity(spec: dict[str, Any]) -> dict[str, Any]:
             out["version"] = bounded(version)
     except Exception:
         pass  # a server without /version, or with one larger than a version is
-    if settings := start_settings(spec):
-        out["start_settings"] = settings
     return out
 
 
